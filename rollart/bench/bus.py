@@ -1,0 +1,128 @@
+"""``rollart bench bus``: what the bus itself costs, on whatever broker and Redis are configured.
+
+* produce: GenerationResult messages (``tokens`` tokens each) queued and acknowledged, msgs/s;
+* consume: the same messages through a real :class:`ConsumerLoop` (decode, dedup check, handler,
+  watermark commits), msgs/s;
+* round trip: driver → ``ping`` → echo stage → ``pong`` → driver, one message at a time, through two
+  consumer loops with the latency-sensitive fetch wait, p50/p99 seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+
+from rollart.bus import MessageContext
+from rollart.config import RollartConfig
+from rollart.messages import Envelope, Float32Array, GenerationResult, Int32Array
+from rollart.runtime import Runtime, open_runtime
+from rollart.topics import PhysicalTopic
+from rollart.topics.admin import apply_topics
+
+
+def _scratch(config: RollartConfig, logical: str, partitions: int) -> PhysicalTopic:
+    return PhysicalTopic(logical=logical, name=f"{config.job}.{logical}", partitions=partitions,
+                         configs={"retention.ms": "3600000", "cleanup.policy": "delete"})
+
+
+def _message(i: int, tokens: int, run: str) -> GenerationResult:
+    return GenerationResult(traj_id=f"{run}-{i}", turn=1, token_ids=Int32Array(range(tokens)),
+                            logprobs=Float32Array([-0.5] * tokens), versions=Int32Array([1] * tokens),
+                            finish_reason="stop")
+
+
+async def _produce(rt: Runtime, topic: str, n: int, tokens: int, run: str) -> float:
+    started = time.perf_counter()
+    acks = [await rt.producer.send(topic, _message(i, tokens, run), key=f"{run}-{i}") for i in range(n)]
+    await asyncio.gather(*acks)
+    return n / (time.perf_counter() - started)
+
+
+async def _consume(rt: Runtime, topic: str, n: int, run: str) -> float:
+    done = asyncio.Event()
+    seen = 0
+    first: list[float] = []
+
+    async def count(envelope: Envelope, ctx: MessageContext) -> None:
+        nonlocal seen
+        if not first:
+            first.append(time.perf_counter())
+        seen += 1
+        if seen >= n:
+            done.set()
+
+    loop = rt.consumer_loop(f"bench-consume-{run}", [topic], count, max_in_flight=1024)
+    task = asyncio.create_task(loop.run())
+    await loop.wait_started()
+    await asyncio.wait_for(done.wait(), 300)
+    elapsed = time.perf_counter() - first[0]
+    loop.stop()
+    await task
+    return n / elapsed
+
+
+async def _roundtrips(rt: Runtime, ping: str, pong: str, n: int, run: str) -> list[float]:
+    waiting: dict[str, asyncio.Future] = {}
+
+    async def echo(envelope: Envelope, ctx: MessageContext) -> None:
+        await ctx.produce(pong, envelope.message, key=envelope.message.traj_id)
+
+    async def arrive(envelope: Envelope, ctx: MessageContext) -> None:
+        future = waiting.pop(envelope.message.traj_id, None)
+        if future is not None:
+            future.set_result(time.perf_counter())
+
+    loops = [rt.consumer_loop(f"bench-echo-{run}", [ping], echo, fetch_max_wait_ms=5),
+             rt.consumer_loop(f"bench-driver-{run}", [pong], arrive, fetch_max_wait_ms=5)]
+    tasks = [asyncio.create_task(loop.run()) for loop in loops]
+    for loop in loops:
+        await loop.wait_started()
+    await _wait_assigned(loops)
+    samples = []
+    for i in range(n):
+        message = _message(i, 16, f"{run}-rt")
+        waiting[message.traj_id] = future = asyncio.get_running_loop().create_future()
+        sent = time.perf_counter()
+        await rt.producer.send(ping, message, key=message.traj_id)
+        samples.append(await asyncio.wait_for(future, 30) - sent)
+    for loop in loops:
+        loop.stop()
+    await asyncio.gather(*tasks)
+    return samples
+
+
+async def _wait_assigned(loops, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(loop.assignment for loop in loops):
+        if time.monotonic() > deadline:
+            raise TimeoutError("consumer loops got no partitions")
+        await asyncio.sleep(0.05)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def bench_bus(config: RollartConfig, *, messages: int = 20_000, tokens: int = 64,
+                    roundtrips: int = 300) -> dict:
+    run = uuid.uuid4().hex[:8]
+    topics = {"through": f"bench.{run}.through", "ping": f"bench.{run}.ping", "pong": f"bench.{run}.pong"}
+    async with open_runtime(config, serve=False) as rt:
+        await apply_topics(config, rt.endpoints, [_scratch(config, topics["through"], 4),
+                                                  _scratch(config, topics["ping"], 1),
+                                                  _scratch(config, topics["pong"], 1)])
+        produce_rate = await _produce(rt, topics["through"], messages, tokens, run)
+        consume_rate = await _consume(rt, topics["through"], messages, run)
+        samples = await _roundtrips(rt, topics["ping"], topics["pong"], roundtrips, run)
+    return {
+        "produce_msgs_per_s": round(produce_rate, 1),
+        "consume_msgs_per_s": round(consume_rate, 1),
+        "roundtrip_p50_s": round(statistics.median(samples), 6),
+        "roundtrip_p99_s": round(percentile(samples, 0.99), 6),
+        "messages": messages,
+        "tokens_per_message": tokens,
+        "roundtrips": roundtrips,
+    }

@@ -1,0 +1,109 @@
+"""De-duplication by message id, shared by the members of one consumer group.
+
+A message is a duplicate when a message with the same deterministic id was already processed by
+the group: either redelivered (a member died after processing, before committing) or produced twice
+(an upstream stage died after producing, before committing, and produced it again at a new offset).
+
+Ids are remembered in Redis with a TTL (``rollart:<job>:dedup:<group>:<id>``) and in a per-process
+LRU. Marks are written to Redis in one pipeline *before* the offsets they cover are committed, so a
+crash between the two leaves marks for every uncommitted-but-done message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+REDIS_ATTEMPTS = 4  # a Redis blip of about a second is absorbed; longer, and the consumer stops
+
+
+class Deduplicator:
+    def __init__(self, redis: Redis, *, prefix: str, job: str, group: str, ttl_s: int, local_capacity: int = 100_000):
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self._key_prefix = f"{prefix}:{job}:dedup:{group}:"
+        self._local: OrderedDict[str, None] = OrderedDict()
+        self._capacity = local_capacity
+        self._unflushed: list[str] = []
+        self._queries: list[tuple[str, asyncio.Future]] = []
+        self._query_task: asyncio.Task | None = None
+
+    def _key(self, message_id: str) -> str:
+        return self._key_prefix + message_id
+
+    def _remember(self, message_id: str) -> None:
+        self._local[message_id] = None
+        self._local.move_to_end(message_id)
+        if len(self._local) > self._capacity:
+            self._local.popitem(last=False)
+
+    async def seen(self, message_id: str) -> bool:
+        """Was this id processed by the group? Concurrent calls share one Redis round trip."""
+        if message_id in self._local:
+            return True
+        future = asyncio.get_running_loop().create_future()
+        self._queries.append((message_id, future))
+        if self._query_task is None:
+            self._query_task = asyncio.create_task(self._answer_queries())
+        return await future
+
+    async def _answer_queries(self) -> None:
+        await asyncio.sleep(0)  # let the handlers dispatched in this poll join the batch
+        try:
+            while self._queries:
+                batch, self._queries = self._queries, []
+                try:
+                    found = await _with_retries(lambda: self._exists(b[0] for b in batch))
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (message_id, future), hit in zip(batch, found):
+                    if hit:
+                        self._remember(message_id)
+                    if not future.done():
+                        future.set_result(bool(hit))
+        finally:
+            self._query_task = None
+
+    async def _exists(self, ids) -> list[int]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for message_id in ids:
+                pipe.exists(self._key(message_id))
+            return await pipe.execute()
+
+    def mark(self, message_id: str) -> None:
+        """Record a processed id locally; it reaches Redis on the next :meth:`flush`."""
+        self._remember(message_id)
+        self._unflushed.append(message_id)
+
+    async def flush(self) -> None:
+        if not self._unflushed:
+            return
+        ids, self._unflushed = self._unflushed, []
+        try:
+            await _with_retries(lambda: self._set_all(ids))
+        except BaseException:
+            self._unflushed[:0] = ids  # keep them for the next attempt
+            raise
+
+    async def _set_all(self, ids: list[str]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for message_id in ids:
+                pipe.set(self._key(message_id), b"1", ex=self.ttl_s)
+            await pipe.execute()
+
+
+async def _with_retries(call):
+    for attempt in range(REDIS_ATTEMPTS):
+        try:
+            return await call()
+        except (RedisConnectionError, RedisTimeoutError):
+            if attempt == REDIS_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.1 * 2 ** attempt)

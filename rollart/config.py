@@ -1,0 +1,129 @@
+"""Job configuration: validated models loaded from YAML, overridden by ``ROLLART_*`` variables.
+
+Environment variables name a section and a field: ``ROLLART_KAFKA_BOOTSTRAP`` sets
+``kafka.bootstrap``, ``ROLLART_BUS_MAX_IN_FLIGHT`` sets ``bus.max_in_flight``, ``ROLLART_JOB`` sets
+``job``. They take precedence over the file, so one YAML can point at the local stack on a laptop
+and at the production cluster in a pod. Unknown fields are errors: a typo fails at start-up and the
+error names the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"  # no dots: dots separate job from topic
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names every offending field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaConfig(Section):
+    bootstrap: str | None = None  # None: use the running local stack
+    client_id: str = "rollart"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    max_request_bytes: int = Field(default=32 << 20, ge=1 << 20)
+    # Replication of created topics; clamped to the number of brokers (1 on the local stack).
+    replication_factor: int = Field(default=3, ge=1)
+
+
+class RedisConfig(Section):
+    url: str | None = None  # None: use the running local stack
+    key_prefix: str = Field(default="rollart", min_length=1)
+
+
+class BusConfig(Section):
+    # Tansu's fetch long-poll does not wake on new data: latency-sensitive consumers use a few ms.
+    fetch_max_wait_ms: int = Field(default=100, ge=0, le=10_000)
+    max_in_flight: int = Field(default=256, ge=1)
+    commit_interval_s: float = Field(default=0.5, gt=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    handler_attempts: int = Field(default=3, ge=1)
+    retry_backoff_s: float = Field(default=0.1, ge=0)
+    dedup_ttl_s: int = Field(default=24 * 3600, ge=1)
+    dlq_max_per_minute: int = Field(default=120, ge=1)
+    linger_ms: int = Field(default=1, ge=0)
+    max_value_bytes: int = Field(default=32 << 20, ge=1024)
+    session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    heartbeat_interval_ms: int = Field(default=1_000, ge=100)
+
+
+class MetricsConfig(Section):
+    port: int | None = Field(default=None, ge=0, le=65535)  # None: no /metrics; 0: any free port
+    host: str = "0.0.0.0"
+
+
+class MooncakeConfig(Section):
+    master: str | None = None  # host:port of mooncake_master; None: not configured
+    metadata_server: str | None = None
+
+
+class RollartConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ROLLART_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        extra="forbid",
+        frozen=True,
+    )
+
+    job: str = Field(default="rollart", pattern=JOB_NAME_PATTERN)
+    pools: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    topics: Path | None = None  # catalog directory; None: the repository's topics/
+    kafka: KafkaConfig = KafkaConfig()
+    redis: RedisConfig = RedisConfig()
+    bus: BusConfig = BusConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    mooncake: MooncakeConfig = MooncakeConfig()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        # Environment first: it overrides what the YAML file (passed as init kwargs) says.
+        return (env_settings, init_settings)
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def build_config(data: dict[str, Any], source: str = "<dict>") -> RollartConfig:
+    try:
+        return RollartConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path | None = None) -> RollartConfig:
+    """Load a job config from YAML (or defaults when ``path`` is None) plus env overrides."""
+    if path is None:
+        return build_config({}, "defaults + environment")
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level, got {type(data).__name__}")
+    return build_config(data, str(path))

@@ -1,0 +1,1 @@
+"""The embedded local stack (broker + Redis) for laptops, tests and CI."""

@@ -1,0 +1,39 @@
+"""Typed, versioned messages and the one codec that puts them on the wire."""
+
+from rollart.messages.arrays import Float32Array, Int32Array, PackedArray, UInt8Array
+from rollart.messages.codec import DEFAULT_CODEC, Codec, Envelope, MessageDecodeError
+from rollart.messages.kinds import (
+    MESSAGE_KINDS,
+    Abort,
+    CompletedTrajectory,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    ScoredTrajectory,
+    TaskSpec,
+    VersionAnnouncement,
+    WeightBucket,
+    WeightManifest,
+)
+
+__all__ = [
+    "Abort",
+    "Codec",
+    "CompletedTrajectory",
+    "DEFAULT_CODEC",
+    "Envelope",
+    "Float32Array",
+    "GenerationRequest",
+    "GenerationResult",
+    "Int32Array",
+    "MESSAGE_KINDS",
+    "MessageDecodeError",
+    "PackedArray",
+    "SamplingParams",
+    "ScoredTrajectory",
+    "TaskSpec",
+    "UInt8Array",
+    "VersionAnnouncement",
+    "WeightBucket",
+    "WeightManifest",
+]

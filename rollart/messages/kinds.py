@@ -1,0 +1,236 @@
+"""The message kinds exchanged between stages (see ARCHITECTURE.md, "Stages and topics").
+
+Every kind is a frozen, slotted dataclass with:
+
+* ``KIND``: the name in the ``rollart-schema`` header,
+* ``SCHEMA``: ``(major, minor)``. Adding an optional field bumps the minor (old readers ignore it);
+  removing or retyping a field bumps the major (old readers send it to the DLQ),
+* ``message_id()``: a deterministic id (traj_id + turn + kind, ...) used for de-duplication, so a
+  redelivered or re-produced message is recognised as the same message.
+
+String and container sizes are bounded so that a hostile or corrupt message cannot make a decoder
+allocate without limit; the codec also caps the whole value size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+
+from rollart.messages.arrays import Float32Array, Int32Array, UInt8Array
+
+# Bounded scalar types: ids are short, free text (prompts, observations) may be long.
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Name = Annotated[str, msgspec.Meta(max_length=256)]
+Text = Annotated[str, msgspec.Meta(max_length=4 << 20)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Version = Annotated[int, msgspec.Meta(ge=0)]
+Metrics = Annotated[dict[Name, float], msgspec.Meta(max_length=1024)]
+Labels = Annotated[dict[Name, Text], msgspec.Meta(max_length=1024)]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One task group released by the feeder: ``group_size`` rollouts of the same env seed/prompt."""
+
+    KIND: ClassVar[str] = "TaskSpec"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    group_id: Id
+    env: Name  # registry name or import path of the environment class
+    tag: Name  # task domain; selects the generation pool and the reward spec
+    group_size: Annotated[int, msgspec.Meta(ge=1, le=4096)]
+    seed: int = 0
+    prompt: Text = ""
+    redundancy: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0  # extra rollouts started, aborted when done
+    admitted_version: Version = 0
+    created_at: float = 0.0
+    labels: Labels = field(default_factory=dict)
+
+    def message_id(self) -> str:
+        return f"task:{self.group_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: int = -1  # -1: disabled (vLLM convention)
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
+    stop: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
+    stop_token_ids: Annotated[tuple[int, ...], msgspec.Meta(max_length=256)] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """Ask a generation pool for the next LLM turn of a trajectory (full token context)."""
+
+    KIND: ClassVar[str] = "GenerationRequest"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    traj_id: Id
+    turn: NonNegInt
+    group_id: Id
+    tag: Name
+    pool: Name
+    prompt_ids: Int32Array
+    reply_partition: NonNegInt  # the env.actions partition owned by the requesting env consumer
+    owner: Name = ""  # member id of the env consumer that owns the trajectory
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    created_at: float = 0.0
+
+    def message_id(self) -> str:
+        return f"gen:{self.traj_id}:{self.turn}"
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Cancel a trajectory's generation (sent on the pool topic) or report an abandoned trajectory."""
+
+    KIND: ClassVar[str] = "Abort"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    traj_id: Id
+    turn: NonNegInt
+    reason: Name
+    group_id: Name = ""
+    tag: Name = ""
+    created_at: float = 0.0
+
+    def message_id(self) -> str:
+        return f"abort:{self.traj_id}:{self.turn}"
+
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """One LLM turn: the generated tokens with logprobs and the policy version of each token."""
+
+    KIND: ClassVar[str] = "GenerationResult"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    traj_id: Id
+    turn: NonNegInt
+    token_ids: Int32Array
+    logprobs: Float32Array
+    versions: Int32Array  # policy version that produced each token (weights can change mid-turn)
+    finish_reason: FinishReason
+    pool: Name = ""
+    instance: Name = ""
+    prompt_tokens: NonNegInt = 0
+    latency_s: float = 0.0
+    error: Text = ""
+
+    def message_id(self) -> str:
+        return f"genres:{self.traj_id}:{self.turn}"
+
+    def __post_init__(self) -> None:
+        if not (len(self.token_ids) == len(self.logprobs) == len(self.versions)):
+            raise ValueError(
+                f"token_ids/logprobs/versions lengths differ: "
+                f"{len(self.token_ids)}/{len(self.logprobs)}/{len(self.versions)}"
+            )
+
+
+TrajectoryStatus = Literal["done", "max_turns", "truncated"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTrajectory:
+    """A finished multi-turn trajectory as one token sequence with a loss mask over LLM tokens."""
+
+    KIND: ClassVar[str] = "CompletedTrajectory"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    traj_id: Id
+    group_id: Id
+    tag: Name
+    env: Name
+    token_ids: Int32Array
+    loss_mask: UInt8Array  # 1 on LLM-generated tokens only
+    logprobs: Float32Array  # behaviour-policy logprobs; 0 where loss_mask is 0
+    versions: Int32Array  # policy version per token; -1 where loss_mask is 0
+    prompt_len: NonNegInt
+    turns: NonNegInt
+    env_reward: float
+    status: TrajectoryStatus = "done"
+    seed: int = 0
+    start_version: Version = 0
+    end_version: Version = 0
+    metrics: Metrics = field(default_factory=dict)
+    timings: Metrics = field(default_factory=dict)  # seconds: env_reset, env_step, generation, total
+    labels: Labels = field(default_factory=dict)  # e.g. the verified answer of a math task
+
+    def message_id(self) -> str:
+        return f"traj:{self.traj_id}"
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if not (len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n):
+            raise ValueError("token_ids/loss_mask/logprobs/versions lengths differ")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredTrajectory:
+    """A completed trajectory with its final reward, ready for the trainer."""
+
+    KIND: ClassVar[str] = "ScoredTrajectory"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    trajectory: CompletedTrajectory
+    reward: float
+    reward_components: Metrics = field(default_factory=dict)
+    scorer: Name = ""
+    scored_at: float = 0.0
+
+    def message_id(self) -> str:
+        return f"score:{self.trajectory.traj_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBucket:
+    key: Name  # where the bucket lies in the transport (Mooncake key, file name, Redis key)
+    nbytes: NonNegInt
+    tensors: Annotated[tuple[Name, ...], msgspec.Meta(max_length=1 << 16)] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WeightManifest:
+    transport: Name  # "mooncake", "fs", "redis", ...
+    location: Text = ""  # transport-specific root (a directory, a key prefix)
+    buckets: Annotated[tuple[WeightBucket, ...], msgspec.Meta(max_length=1 << 16)] = ()
+    total_bytes: NonNegInt = 0
+    dtype: Name = ""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionAnnouncement:
+    """The trainer published new weights: ``version`` is now current. Compacted, keyed by job."""
+
+    KIND: ClassVar[str] = "VersionAnnouncement"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    job: Id
+    version: Version
+    step: NonNegInt = 0
+    manifest: WeightManifest | None = None
+    published_at: float = 0.0
+
+    def message_id(self) -> str:
+        return f"version:{self.job}:{self.version}"
+
+
+MESSAGE_KINDS: tuple[type, ...] = (
+    TaskSpec,
+    GenerationRequest,
+    Abort,
+    GenerationResult,
+    CompletedTrajectory,
+    ScoredTrajectory,
+    VersionAnnouncement,
+)

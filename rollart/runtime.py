@@ -1,0 +1,55 @@
+"""What a stage process holds: config, endpoints, one producer, one Redis client, /metrics.
+
+``open_runtime`` wires them once; ``Runtime.consumer_loop`` builds a consumer loop with the group's
+de-duplication and the shared producer, so a stage's entry point is a handler and a few lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
+
+from redis.asyncio import Redis
+
+from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler
+from rollart.config import RollartConfig
+from rollart.endpoints import Endpoints, resolve_endpoints
+from rollart.metrics import serve_metrics
+from rollart.state import connect_redis
+
+
+@dataclass
+class Runtime:
+    config: RollartConfig
+    endpoints: Endpoints
+    redis: Redis
+    producer: BusProducer
+    metrics_port: int | None = None
+
+    def deduplicator(self, group: str) -> Deduplicator:
+        return Deduplicator(self.redis, prefix=self.config.redis.key_prefix, job=self.config.job, group=group,
+                            ttl_s=self.config.bus.dedup_ttl_s)
+
+    def consumer_loop(self, group: str, topics: Sequence[str], handler: Handler, *, dedup: bool = True,
+                      **kwargs: Any) -> ConsumerLoop:
+        return ConsumerLoop(config=self.config, endpoints=self.endpoints, group=group, topics=topics,
+                            handler=handler, producer=self.producer,
+                            dedup=self.deduplicator(group) if dedup else None, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(config: RollartConfig, *, client_id: str | None = None,
+                       serve: bool = True) -> AsyncIterator[Runtime]:
+    endpoints = resolve_endpoints(config)
+    redis = connect_redis(endpoints)
+    producer = BusProducer(config, endpoints, client_id=client_id)
+    try:
+        await producer.start()
+        port = None
+        if serve and config.metrics.port is not None:
+            port = serve_metrics(config.metrics.port, config.metrics.host)
+        yield Runtime(config, endpoints, redis, producer, port)
+    finally:
+        await producer.stop()
+        await redis.aclose()

@@ -1,0 +1,94 @@
+"""Apply the catalog to a broker: create what is missing, report what differs, change nothing else.
+
+Existing topics are never altered here: repartitioning a keyed topic moves keys between partitions
+(breaking trajectory ownership), so differences are reported for an operator to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError
+
+from rollart.config import RollartConfig
+from rollart.endpoints import Endpoints, kafka_client_kwargs
+from rollart.topics.catalog import PhysicalTopic, expand_catalog
+
+TOPIC_ALREADY_EXISTS = TopicAlreadyExistsError.errno
+
+
+@dataclass
+class TopicReport:
+    name: str
+    action: Literal["created", "exists", "differs"]
+    differences: list[str] = field(default_factory=list)
+
+
+def admin_client(config: RollartConfig, endpoints: Endpoints) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(client_id=f"{config.kafka.client_id}-admin",
+                               **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap))
+
+
+async def broker_count(admin: AIOKafkaAdminClient) -> int:
+    cluster = await admin.describe_cluster()
+    return max(1, len(cluster.get("brokers", [])))
+
+
+async def _describe(admin: AIOKafkaAdminClient, names: list[str]) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    partitions = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names) if t["error_code"] == 0}
+    configs: dict[str, dict[str, str]] = {}
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    for response in responses:
+        for resource in response.resources:
+            _, _, _, name, entries = resource[:5]
+            configs[name] = {entry[0]: entry[1] for entry in entries}
+    return partitions, configs
+
+
+def _differences(topic: PhysicalTopic, partitions: int | None, configs: dict[str, str]) -> list[str]:
+    diffs = []
+    if partitions is not None and partitions != topic.partitions:
+        diffs.append(f"partitions: catalog {topic.partitions}, broker {partitions}")
+    for key, want in topic.configs.items():
+        have = configs.get(key)
+        if have is not None and have != want:
+            diffs.append(f"{key}: catalog {want}, broker {have}")
+    return diffs
+
+
+async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list[PhysicalTopic] | None = None,
+                       *, timeout_s: float = 30.0) -> list[TopicReport]:
+    """Create missing topics (idempotent) and report differences of existing ones from the catalog."""
+    topics = topics if topics is not None else expand_catalog(config)
+    admin = admin_client(config, endpoints)
+    await asyncio.wait_for(admin.start(), timeout_s)
+    try:
+        replication = min(config.kafka.replication_factor, await broker_count(admin))
+        existing = set(await admin.list_topics())
+        missing = [t for t in topics if t.name not in existing]
+        reports: dict[str, TopicReport] = {}
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(t.name, t.partitions, replication, topic_configs=t.configs) for t in missing])
+            for name, code, message in response.topic_errors:
+                if code not in (0, TOPIC_ALREADY_EXISTS):  # a concurrent apply may have won the race
+                    raise RuntimeError(f"creating topic {name} failed: error {code} {message}")
+                reports[name] = TopicReport(name, "created" if code == 0 else "exists")
+        present = [t for t in topics if t.name in existing]
+        if present:
+            partitions, configs = await _describe(admin, [t.name for t in present])
+            for t in present:
+                diffs = _differences(t, partitions.get(t.name), configs.get(t.name, {}))
+                reports[t.name] = TopicReport(t.name, "differs" if diffs else "exists", diffs)
+        return [reports[t.name] for t in topics]
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(config: RollartConfig, endpoints: Endpoints, topics: list[PhysicalTopic]) -> None:
+    """Create just these topics if they are missing (tests, doctor's scratch topic)."""
+    await apply_topics(config, endpoints, topics)
