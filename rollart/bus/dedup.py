@@ -5,8 +5,11 @@ the group: either redelivered (a member died after processing, before committing
 (an upstream stage died after producing, before committing, and produced it again at a new offset).
 
 Ids are remembered in Redis with a TTL (``rollart:<job>:dedup:<group>:<id>``) and in a per-process
-LRU. Marks are written to Redis in one pipeline *before* the offsets they cover are committed, so a
-crash between the two leaves marks for every uncommitted-but-done message.
+LRU. Marks are written to Redis as soon as a handler finishes (coalesced into one pipeline per
+event-loop tick), and the consumer loop waits for them before it commits the offsets they cover, so
+a member killed after processing but before committing leaves marks for every message it finished:
+its successor skips them. Only a kill inside the ~1 ms between a handler's end and its mark reaching
+Redis repeats the handler, and its outputs then carry the same ids, so the next stage drops them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Deduplicator:
         self._unflushed: list[str] = []
         self._queries: list[tuple[str, asyncio.Future]] = []
         self._query_task: asyncio.Task | None = None
+        self._flush_task: asyncio.Task | None = None
+        self._flush_lock = asyncio.Lock()
 
     def _key(self, message_id: str) -> str:
         return self._key_prefix + message_id
@@ -78,19 +83,34 @@ class Deduplicator:
             return await pipe.execute()
 
     def mark(self, message_id: str) -> None:
-        """Record a processed id locally; it reaches Redis on the next :meth:`flush`."""
+        """Record a processed id; it is written to Redis right away, in the background."""
         self._remember(message_id)
         self._unflushed.append(message_id)
+        if self._flush_task is None:
+            self._flush_task = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        try:
+            while self._unflushed:
+                await asyncio.sleep(0)  # coalesce the marks of handlers finishing in the same tick
+                try:
+                    await self.flush()
+                except Exception:
+                    return  # kept in _unflushed; the commit's flush retries and surfaces the error
+        finally:
+            self._flush_task = None
 
     async def flush(self) -> None:
-        if not self._unflushed:
-            return
-        ids, self._unflushed = self._unflushed, []
-        try:
-            await _with_retries(lambda: self._set_all(ids))
-        except BaseException:
-            self._unflushed[:0] = ids  # keep them for the next attempt
-            raise
+        """Write every pending mark; returns when they are all in Redis (waits for one in progress)."""
+        async with self._flush_lock:
+            if not self._unflushed:
+                return
+            ids, self._unflushed = self._unflushed, []
+            try:
+                await _with_retries(lambda: self._set_all(ids))
+            except BaseException:
+                self._unflushed[:0] = ids  # keep them for the next attempt
+                raise
 
     async def _set_all(self, ids: list[str]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -107,7 +107,7 @@ class Codec:
 
     def headers(self, message: Any, *, job: str, policy_version: int | None = None) -> Headers:
         kind = type(message)
-        if self._kinds.get(kind.KIND) is not kind:
+        if self._kinds.get(getattr(kind, "KIND", None)) is not kind:
             raise TypeError(f"{kind.__name__} is not a registered message kind")
         major, minor = kind.SCHEMA
         headers: Headers = [
@@ -121,10 +121,11 @@ class Codec:
         return headers
 
     def encode(self, message: Any, *, job: str, policy_version: int | None = None) -> tuple[Headers, bytes]:
+        headers = self.headers(message, job=job, policy_version=policy_version)  # rejects unregistered types
         value = self.encode_value(message)
         if len(value) > self.max_value_bytes:
             raise ValueError(f"{type(message).__name__} encodes to {len(value)} bytes > limit {self.max_value_bytes}")
-        return self.headers(message, job=job, policy_version=policy_version), value
+        return headers, value
 
     # -- decoding -------------------------------------------------------------------------------
 

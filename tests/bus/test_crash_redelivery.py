@@ -1,0 +1,75 @@
+"""A member killed -9 before committing: its messages are redelivered, dedup keeps effects single."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+from rollart.messages import TaskSpec
+from rollart.metrics import MESSAGES_DEDUPLICATED
+from tests.conftest import REPO, eventually
+
+N = 30
+
+
+async def test_killed_consumer_redelivers_and_dedup_keeps_effect_single(runtime, loops, redis):
+    config = runtime.config
+    effect_key = f"{config.job}:effect"
+    acks = [await runtime.producer.send("tasks", TaskSpec(group_id=f"g{i}", env="e", tag="t", group_size=1),
+                                        key=f"g{i}") for i in range(N)]
+    await asyncio.gather(*acks)
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("crash_consumer.py")), runtime.endpoints.kafka_bootstrap,
+        runtime.endpoints.redis_url, config.job, "env", "tasks", effect_key,
+        stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        handled = 0
+        while handled < N:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            assert line, "the crash consumer exited early"
+            handled = int(line.split()[1])
+        await eventually(lambda: redis.llen(effect_key), what="effects recorded")
+        await asyncio.sleep(0.2)  # let its background dedup marks land, as they would in ~1 ms
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+    committed = await _committed(runtime, config)
+    assert committed == 0, "the killed consumer must not have committed anything"
+
+    before = MESSAGES_DEDUPLICATED.labels(config.job, "env", "tasks")._value.get()
+    effects_seen = []
+
+    async def handle(envelope, ctx) -> None:
+        effects_seen.append(envelope.message_id)
+        await redis.rpush(effect_key, envelope.message_id)
+
+    survivor = await loops.start(runtime.consumer_loop("env", ["tasks"], handle))
+    await eventually(lambda: MESSAGES_DEDUPLICATED.labels(config.job, "env", "tasks")._value.get() - before >= N,
+                     what="all N redelivered messages recognised as duplicates")
+    await loops.stop(survivor)
+    assert effects_seen == [], "a redelivered message ran its handler again"
+    effects = Counter(m.decode() for m in await redis.lrange(effect_key, 0, -1))
+    assert len(effects) == N and set(effects.values()) == {1}
+    assert await _committed(runtime, config) == N, "the survivor commits past the redelivered messages"
+
+
+async def _committed(runtime, config) -> int:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=runtime.endpoints.kafka_bootstrap, group_id=f"{config.job}.env",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        total = 0
+        for p in range(8):
+            total += await consumer.committed(TopicPartition(f"{config.job}.tasks", p)) or 0
+        return total
+    finally:
+        await consumer.stop()

@@ -1,0 +1,128 @@
+"""Shared fixtures: one real broker (Tansu) and one real Redis for the whole session.
+
+Redis is the machine's own when it answers on 127.0.0.1:6379 (CI starts it), otherwise an embedded
+Valkey. Each test gets its own job name, so topics, consumer groups and Redis keys never collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from rollart.config import RollartConfig, build_config
+from rollart.endpoints import Endpoints
+from rollart.local.stack import LocalStack, StackState
+from rollart.runtime import Runtime, open_runtime
+from rollart.state import connect_redis
+from rollart.topics import expand_catalog
+from rollart.topics.admin import apply_topics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> StackState:
+    home = tmp_path_factory.mktemp("rollart-home")
+    os.environ["ROLLART_HOME"] = str(home)  # never touch a developer's real local stack
+    with LocalStack(log_dir=home / "logs") as state:
+        yield state
+
+
+@pytest.fixture(scope="session")
+def endpoints(stack: StackState) -> Endpoints:
+    return Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack")
+
+
+def make_config(endpoints: Endpoints, **overrides: Any) -> RollartConfig:
+    data: dict[str, Any] = {
+        "job": f"t{uuid.uuid4().hex[:10]}",
+        "kafka": {"bootstrap": endpoints.kafka_bootstrap},
+        "redis": {"url": endpoints.redis_url},
+        "bus": {"commit_interval_s": 0.1, "session_timeout_ms": 6000, "heartbeat_interval_ms": 300,
+                "fetch_max_wait_ms": 20, "retry_backoff_s": 0.01, "drain_timeout_s": 5},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            data.setdefault(key, {}).update(value)
+        else:
+            data[key] = value
+    return build_config(data, "test")
+
+
+@pytest.fixture
+def config(endpoints: Endpoints) -> RollartConfig:
+    return make_config(endpoints)
+
+
+@pytest.fixture
+async def topics(config: RollartConfig, endpoints: Endpoints) -> RollartConfig:
+    """The job's catalog topics exist."""
+    await apply_topics(config, endpoints, expand_catalog(config))
+    return config
+
+
+@pytest.fixture
+async def runtime(topics: RollartConfig):
+    async with open_runtime(topics, serve=False) as rt:
+        yield rt
+
+
+@pytest.fixture
+async def redis(endpoints: Endpoints) -> Redis:
+    client = connect_redis(endpoints)
+    yield client
+    await client.aclose()
+
+
+async def eventually(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    """Wait until ``predicate()`` (sync or async) is truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class RunningLoops:
+    """Start consumer loops as tasks; stop them all at teardown."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[Any, asyncio.Task] = {}
+
+    async def start(self, loop, *, wait_assigned: bool = True):
+        self.tasks[loop] = asyncio.create_task(loop.run())
+        await asyncio.wait({self.tasks[loop], asyncio.create_task(loop.wait_started())},
+                           return_when=asyncio.FIRST_COMPLETED)
+        if wait_assigned:
+            await eventually(lambda: loop.assignment or self.tasks[loop].done(), what="a partition assignment")
+        return loop
+
+    async def stop(self, loop) -> None:
+        loop.stop()
+        await self.tasks.pop(loop)
+
+    async def stop_all(self) -> None:
+        for loop in list(self.tasks):
+            loop.stop()
+        results = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        self.tasks.clear()
+        return results
+
+
+@pytest.fixture
+async def loops():
+    running = RunningLoops()
+    yield running
+    await running.stop_all()
