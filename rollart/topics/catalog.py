@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollart.config import ConfigError, RollartConfig, format_validation_error
 from rollart.messages import MESSAGE_KINDS
@@ -41,11 +41,16 @@ class TopicSpec(BaseModel):
     dlq_partitions: int = Field(default=1, ge=1)
     dlq_retention_ms: int = Field(default=30 * 24 * 3600 * 1000, ge=-1)
 
-    @model_validator(mode="after")
-    def _check(self) -> "TopicSpec":
-        unknown = [k for k in self.kinds if k not in KIND_BY_NAME]
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [k for k in kinds if k not in KIND_BY_NAME]
         if unknown:
             raise ValueError(f"unknown message kinds {unknown}; known: {sorted(KIND_BY_NAME)}")
+        return kinds
+
+    @model_validator(mode="after")
+    def _check(self) -> "TopicSpec":
         if self.per_pool != ("{pool}" in self.name):
             raise ValueError("per_pool topics must have '{pool}' in their name, and only they")
         return self

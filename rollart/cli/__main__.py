@@ -1,0 +1,3 @@
+from rollart.cli import main
+
+main()

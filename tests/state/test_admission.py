@@ -1,0 +1,44 @@
+"""Admission: accepted + running < (alpha + version + 1) * groups_per_batch, atomically."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollart.state import AdmissionCounters
+
+
+def _counters(runtime) -> AdmissionCounters:
+    return AdmissionCounters(runtime.redis, prefix=runtime.config.redis.key_prefix, job=runtime.config.job)
+
+
+async def test_bound_follows_version_and_alpha(runtime):
+    counters = _counters(runtime)
+    admitted = [await counters.try_admit(version=0, alpha=1, groups_per_batch=2) for _ in range(6)]
+    assert admitted == [True] * 4 + [False] * 2  # (1 + 0 + 1) * 2 = 4 groups
+    await counters.finish(groups=2, accepted=True)  # two groups reached the trainer's buffer
+    assert not await counters.try_admit(version=0, alpha=1, groups_per_batch=2), "accepted still counts"
+    assert await counters.try_admit(version=1, alpha=1, groups_per_batch=2), "a new version opens room"
+    await counters.finish(groups=1, accepted=False)  # an aborted group frees its slot
+    snap = await counters.snapshot()
+    assert (snap.accepted, snap.running, snap.admitted, snap.dropped) == (2, 2, 5, 1)
+
+
+async def test_alpha_zero_is_one_batch_at_a_time(runtime):
+    counters = _counters(runtime)
+    assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3, groups=3)
+    assert not await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
+
+
+async def test_concurrent_feeders_never_over_admit(runtime):
+    counters = _counters(runtime)
+    results = await asyncio.gather(*(counters.try_admit(version=2, alpha=2, groups_per_batch=4) for _ in range(50)))
+    assert sum(results) == (2 + 2 + 1) * 4
+    assert (await counters.snapshot()).running == 20
+
+
+async def test_rebuild_restores_counters(runtime):
+    counters = _counters(runtime)
+    await counters.rebuild(accepted=7, running=1)
+    assert not await counters.try_admit(version=0, alpha=7, groups_per_batch=1)
+    snap = await counters.snapshot()
+    assert (snap.accepted, snap.running) == (7, 1)

@@ -1,0 +1,54 @@
+"""Configuration: YAML + ROLLART_* overrides; bad input fails at start-up naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.config import ConfigError, load_config
+
+
+def test_yaml_with_env_overrides(tmp_path, monkeypatch):
+    path = tmp_path / "job.yaml"
+    path.write_text("job: demo\nkafka:\n  bootstrap: file:9092\nbus:\n  max_in_flight: 7\n  fetch_max_wait_ms: 50\n")
+    monkeypatch.setenv("ROLLART_KAFKA_BOOTSTRAP", "env:9092")
+    monkeypatch.setenv("ROLLART_BUS_FETCH_MAX_WAIT_MS", "5")
+    config = load_config(path)
+    assert config.job == "demo"
+    assert config.kafka.bootstrap == "env:9092", "the environment wins over the file"
+    assert config.bus.fetch_max_wait_ms == 5
+    assert config.bus.max_in_flight == 7, "fields the environment does not name keep the file's value"
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("bus:\n  max_in_flght: 3\n", "bus.max_in_flght"),
+        ("bus:\n  max_in_flight: 0\n", "bus.max_in_flight"),
+        ("job: has.dots\n", "job"),
+        ("kafka:\n  security_protocol: SASL_WHATEVER\n", "kafka.security_protocol"),
+        ("nonsense: 1\n", "nonsense"),
+    ],
+)
+def test_invalid_config_names_the_field(tmp_path, text, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"  {field}:" in str(err.value) and "bad.yaml" in str(err.value)
+
+
+def test_unreadable_or_non_mapping_config(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("a: [1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
+
+
+def test_bad_env_override_names_the_field(monkeypatch):
+    monkeypatch.setenv("ROLLART_BUS_MAX_IN_FLIGHT", "lots")
+    with pytest.raises(ConfigError, match="bus.max_in_flight"):
+        load_config(None)
