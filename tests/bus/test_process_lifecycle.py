@@ -16,6 +16,23 @@ from tests.conftest import REPO, eventually
 N = 30
 
 
+async def spawn_consumer(runtime, effect_key: str, *, commit_interval_s: float, handler_delay_s: float):
+    return await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("consumer_process.py")), runtime.endpoints.kafka_bootstrap,
+        runtime.endpoints.redis_url, runtime.config.job, "env", "tasks", effect_key, str(commit_interval_s),
+        str(handler_delay_s), stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+async def read_until(proc, text: str, timeout: float = 60.0) -> list[str]:
+    lines = []
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout)).decode()
+        assert line, f"the consumer process exited before printing {text!r}: {lines[-5:]}"
+        lines.append(line.strip())
+        if line.strip() == text:
+            return lines
+
+
 async def test_killed_consumer_redelivers_and_dedup_keeps_effect_single(runtime, loops, redis):
     config = runtime.config
     effect_key = f"{config.job}:effect"
@@ -23,16 +40,9 @@ async def test_killed_consumer_redelivers_and_dedup_keeps_effect_single(runtime,
                                         key=f"g{i}") for i in range(N)]
     await asyncio.gather(*acks)
 
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__).with_name("crash_consumer.py")), runtime.endpoints.kafka_bootstrap,
-        runtime.endpoints.redis_url, config.job, "env", "tasks", effect_key,
-        stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = await spawn_consumer(runtime, effect_key, commit_interval_s=3600, handler_delay_s=0)
     try:
-        handled = 0
-        while handled < N:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            assert line, "the crash consumer exited early"
-            handled = int(line.split()[1])
+        await read_until(proc, f"handled {N}")
         await eventually(lambda: redis.llen(effect_key), what="effects recorded")
         await asyncio.sleep(0.2)  # let its background dedup marks land, as they would in ~1 ms
     finally:
@@ -57,6 +67,23 @@ async def test_killed_consumer_redelivers_and_dedup_keeps_effect_single(runtime,
     effects = Counter(m.decode() for m in await redis.lrange(effect_key, 0, -1))
     assert len(effects) == N and set(effects.values()) == {1}
     assert await _committed(runtime, config) == N, "the survivor commits past the redelivered messages"
+
+
+async def test_sigterm_finishes_in_flight_work_commits_and_exits(runtime, redis):
+    config = runtime.config
+    effect_key = f"{config.job}:effect"
+    for i in range(3):
+        await runtime.producer.send_and_wait("tasks", TaskSpec(group_id=f"g{i}", env="e", tag="t", group_size=1),
+                                             key="one-partition")
+    proc = await spawn_consumer(runtime, effect_key, commit_interval_s=3600, handler_delay_s=1.0)
+    await read_until(proc, "started task:g0")
+    proc.send_signal(signal.SIGTERM)  # mid-handler: it must finish g0, commit it, and exit
+    rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode().split("\n")
+    assert await proc.wait() == 0
+    assert "exited cleanly" in rest
+    effects = [m.decode() for m in await redis.lrange(effect_key, 0, -1)]
+    assert effects[0] == "task:g0", "the in-flight handler completed"
+    assert await _committed(runtime, config) == len(effects), "exactly what was handled is committed"
 
 
 async def _committed(runtime, config) -> int:

@@ -1,0 +1,39 @@
+"""A consumer in its own process, for the crash and SIGTERM tests.
+
+argv: bootstrap redis_url job group topic effect_key commit_interval_s handler_delay_s
+Each handled message appends its id to the Redis list ``effect_key`` (the handler's side effect)
+and prints "handled <n>". With a long commit interval it never commits (crash test: killed -9);
+with signal handlers installed, SIGTERM drains in-flight handlers, commits and exits 0.
+"""
+
+import asyncio
+import sys
+
+from rollart.config import build_config
+from rollart.runtime import open_runtime
+
+
+async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str, effect_key: str,
+               commit_interval_s: str, handler_delay_s: str) -> None:
+    config = build_config({"job": job, "kafka": {"bootstrap": bootstrap}, "redis": {"url": redis_url},
+                           "bus": {"commit_interval_s": float(commit_interval_s), "fetch_max_wait_ms": 20,
+                                   "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}})
+    async with open_runtime(config, serve=False) as rt:
+        handled = 0
+
+        async def handle(envelope, ctx) -> None:
+            nonlocal handled
+            print(f"started {envelope.message_id}", flush=True)
+            await asyncio.sleep(float(handler_delay_s))
+            await rt.redis.rpush(effect_key, envelope.message_id)
+            handled += 1
+            print(f"handled {handled}", flush=True)
+
+        loop = rt.consumer_loop(group, [topic], handle)
+        loop.install_signal_handlers()
+        await loop.run()
+    print("exited cleanly", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
