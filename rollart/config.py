@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rollart.envs.faults import FaultSpec
 
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"  # no dots: dots separate job from topic
 
@@ -74,11 +76,89 @@ class MooncakeConfig(Section):
     metadata_server: str | None = None
 
 
+class ModelConfig(Section):
+    path: Path = Path(".rollart/models/tiny")  # a Hugging Face directory; never downloaded at run time
+    init_tiny: bool = True  # create the tiny random model at ``path`` when it does not exist
+
+
+class GenerationConfig(Section):
+    engine: Literal["vllm"] = "vllm"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    max_model_len: int = Field(default=2048, ge=64)
+    max_concurrency: int = Field(default=64, ge=1)  # requests in flight per generation consumer
+    kv_cache_gb: float = Field(default=1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    seed: int = 0
+    heartbeat_ttl_s: float = Field(default=6.0, gt=0)
+    fetch_max_wait_ms: int = Field(default=5, ge=0)
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = -1
+    max_tokens: int = Field(default=8, ge=1)
+
+
+class RewardSpec(Section):
+    """How a tag's trajectories are scored (see rollart.rewards)."""
+
+    type: Literal["env", "rule", "http"] = "env"
+    rule: Literal["math_answer", "format"] | None = None  # type=rule
+    url: str | None = None  # type=http
+    token_env: str | None = None  # name of the env var holding the bearer token
+    timeout_s: float = Field(default=10.0, gt=0)
+    attempts: int = Field(default=4, ge=1)
+    backoff_s: float = Field(default=0.2, ge=0)
+    concurrency: int = Field(default=16, ge=1)
+    allow_insecure_remote: bool = False  # plain HTTP to a non-loopback host
+    format_penalty: float = -0.1
+    include_env_reward: bool = True
+
+
+class TagConfig(Section):
+    """One task domain: its environment, generation pool, reward and sampling weight."""
+
+    env: str
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    pool: str | None = None  # None: routing.default_pool
+    weight: float = Field(default=1.0, ge=0)
+    dataset: Path | None = None  # JSONL of {"prompt": ..., "answer": ...} for prompt tasks
+    max_turns: int | None = Field(default=None, ge=1)
+    reward: RewardSpec = RewardSpec()
+    faults: FaultSpec | None = None
+
+
+class RoutingConfig(Section):
+    default_pool: str | None = None  # None: the first of ``pools``
+    live_check_interval_s: float = Field(default=1.0, gt=0)
+
+
+class FeederConfig(Section):
+    group_size: int = Field(default=4, ge=1)
+    redundancy: int = Field(default=0, ge=0)  # extra rollouts per group, aborted once group_size completed
+    groups_per_batch: int = Field(default=4, ge=1)
+    alpha: int | None = Field(default=1, ge=0)  # staleness bound; None: no bound (rollout without a trainer)
+    max_groups: int | None = Field(default=None, ge=1)  # stop after releasing this many (None: unbounded)
+    seed: int = 0
+    poll_interval_s: float = Field(default=0.05, gt=0)
+
+
+class EnvStageConfig(Section):
+    max_groups: int = Field(default=16, ge=1)  # task groups running at once per env consumer
+    reset_timeout_s: float = Field(default=30.0, gt=0)
+    step_timeout_s: float = Field(default=30.0, gt=0)
+    reset_attempts: int = Field(default=3, ge=1)
+    generation_timeout_s: float = Field(default=120.0, gt=0)
+    sampling: SamplingConfig = SamplingConfig()
+
+
 class RollartConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ROLLART_",
         env_nested_delimiter="_",
         env_nested_max_split=1,
+        env_parse_none_str="null",  # ROLLART_FEEDER_ALPHA=null unsets a field
         extra="forbid",
         frozen=True,
     )
@@ -91,6 +171,27 @@ class RollartConfig(BaseSettings):
     bus: BusConfig = BusConfig()
     metrics: MetricsConfig = MetricsConfig()
     mooncake: MooncakeConfig = MooncakeConfig()
+    model: ModelConfig = ModelConfig()
+    generation: GenerationConfig = GenerationConfig()
+    routing: RoutingConfig = RoutingConfig()
+    feeder: FeederConfig = FeederConfig()
+    env: EnvStageConfig = EnvStageConfig()
+    tags: dict[str, TagConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_pools(self) -> "RollartConfig":
+        if self.routing.default_pool is not None and self.routing.default_pool not in self.pools:
+            raise ValueError(f"routing.default_pool {self.routing.default_pool!r} is not one of pools {self.pools}")
+        for tag, spec in self.tags.items():
+            if spec.pool is not None and spec.pool not in self.pools:
+                raise ValueError(f"tags.{tag}.pool {spec.pool!r} is not one of pools {self.pools}")
+        return self
+
+    def pool_for(self, tag: str) -> str:
+        spec = self.tags.get(tag)
+        if spec is not None and spec.pool:
+            return spec.pool
+        return self.routing.default_pool or self.pools[0]
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

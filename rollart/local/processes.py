@@ -1,0 +1,94 @@
+"""Run stages as separate processes on this machine (the local job runner), same code as production.
+
+Each stage is ``python -m rollart.cli consume <stage> --config CONFIG`` with the endpoints and the
+job name passed in the environment, its output in ``<log_dir>/<name>.log``. Stopping sends SIGTERM
+(graceful: drain, commit, exit) and SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollart.endpoints import Endpoints
+
+
+@dataclass
+class StageProcess:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class StageProcesses:
+    config_path: Path
+    endpoints: Endpoints
+    job: str
+    log_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    stages: dict[str, StageProcess] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(ROLLART_KAFKA_BOOTSTRAP=self.endpoints.kafka_bootstrap, ROLLART_REDIS_URL=self.endpoints.redis_url,
+                   ROLLART_JOB=self.job, PYTHONUNBUFFERED="1", **self.extra_env)
+        return env
+
+    def start(self, name: str, stage: str, *args: str) -> StageProcess:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "rollart.cli", "consume", stage, "--config", str(self.config_path), *args]
+        process = StageProcess(name, argv, self.log_dir / f"{name}.log")
+        with open(process.log, "ab") as out:
+            process.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                             stdin=subprocess.DEVNULL)
+        self.stages[name] = process
+        return process
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        process = self.stages[name]
+        if process.alive():
+            process.proc.send_signal(sig)
+            process.proc.wait()
+
+    def restart(self, name: str) -> StageProcess:
+        process = self.stages[name]
+        self.kill(name)
+        with open(process.log, "ab") as out:
+            process.proc = subprocess.Popen(process.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                            stdin=subprocess.DEVNULL)
+        return process
+
+    def failed(self) -> list[str]:
+        """Stages that exited with an error (a feeder that released all its groups exits 0)."""
+        return [name for name, p in self.stages.items() if p.proc is not None and p.proc.poll() not in (None, 0)]
+
+    def stop_all(self, grace_s: float = 20.0) -> dict[str, int | None]:
+        for process in self.stages.values():
+            if process.alive():
+                process.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for process in self.stages.values():
+            if process.proc is None:
+                continue
+            try:
+                process.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.proc.kill()
+                process.proc.wait()
+        return {name: p.proc.returncode if p.proc else None for name, p in self.stages.items()}
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.stages[name].log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

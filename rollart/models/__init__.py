@@ -1,0 +1,1 @@
+"""Model helpers: the tiny local test/demo model."""

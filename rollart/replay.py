@@ -1,0 +1,132 @@
+"""``rollart replay``: read a topic by offset, time range or trajectory id; print trajectories as text.
+
+Reading never joins a consumer group or commits, so replaying cannot disturb a running job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from rollart.bus.reader import read_to_end
+from rollart.config import RollartConfig
+from rollart.endpoints import Endpoints
+from rollart.messages import (
+    DEFAULT_CODEC,
+    Abort,
+    CompletedTrajectory,
+    GenerationRequest,
+    GenerationResult,
+    MessageDecodeError,
+    ScoredTrajectory,
+)
+from rollart.messages.arrays import PackedArray
+
+
+@dataclass
+class ReplayFilter:
+    traj_id: str | None = None
+    from_offset: int | None = None
+    partition: int | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    limit: int | None = None
+
+    def keeps(self, record, message: Any) -> bool:
+        if self.partition is not None and record.partition != self.partition:
+            return False
+        if self.from_offset is not None and record.offset < self.from_offset:
+            return False
+        if self.until_ms is not None and record.timestamp > self.until_ms:
+            return False
+        return self.traj_id is None or traj_id_of(message) == self.traj_id
+
+
+def traj_id_of(message: Any) -> str | None:
+    if isinstance(message, ScoredTrajectory):
+        return message.trajectory.traj_id
+    return getattr(message, "traj_id", None)
+
+
+async def replay(config: RollartConfig, endpoints: Endpoints, topic: str, flt: ReplayFilter) -> AsyncIterator[tuple]:
+    """Yield (record, message or MessageDecodeError) of the logical ``topic`` that pass the filter."""
+    shown = 0
+    async for record in read_to_end(config, endpoints, f"{config.job}.{topic}", start_ms=flt.since_ms):
+        try:
+            message = DEFAULT_CODEC.decode(record.value, record.headers).message
+        except MessageDecodeError as exc:
+            message = exc
+        if not flt.keeps(record, message):
+            continue
+        yield record, message
+        shown += 1
+        if flt.limit is not None and shown >= flt.limit:
+            return
+
+
+def render_conversation(tokenizer, trajectory: CompletedTrajectory) -> str:
+    """The token stream as chat turns; assistant turns are exactly the generated tokens."""
+    text = tokenizer.decode(list(trajectory.token_ids), skip_special_tokens=False)
+    lines = []
+    for chunk in text.split("<|im_start|>"):
+        if not chunk.strip():
+            continue
+        role, _, content = chunk.partition("\n")
+        content = content.replace("<|im_end|>", "").rstrip()
+        lines.append(f"  [{role}]")
+        lines.extend(f"    {line}" for line in content.splitlines() or [""])
+    return "\n".join(lines)
+
+
+def render_text(tokenizer, record, message: Any) -> str:
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    if isinstance(message, MessageDecodeError):
+        return f"{where}  UNDECODABLE: {message}"
+    if isinstance(message, ScoredTrajectory):
+        t = message.trajectory
+        parts = ", ".join(f"{k}={v:g}" for k, v in message.reward_components.items())
+        head = (f"{where}  {t.traj_id}  tag={t.tag} status={t.status} turns={t.turns} "
+                f"reward={message.reward:g} ({parts}) versions={t.start_version}..{t.end_version}")
+        return head + "\n" + render_conversation(tokenizer, t)
+    if isinstance(message, CompletedTrajectory):
+        head = (f"{where}  {message.traj_id}  tag={message.tag} status={message.status} turns={message.turns} "
+                f"env_reward={message.env_reward:g}")
+        return head + "\n" + render_conversation(tokenizer, message)
+    if isinstance(message, Abort):
+        return f"{where}  {message.traj_id}  ABORT turn={message.turn} reason={message.reason} tag={message.tag}"
+    if isinstance(message, GenerationRequest):
+        return f"{where}  {message.traj_id}  request turn={message.turn} pool={message.pool} " \
+               f"context={len(message.prompt_ids)} tokens reply_partition={message.reply_partition}"
+    if isinstance(message, GenerationResult):
+        text = tokenizer.decode(list(message.token_ids)) if tokenizer else ""
+        return f"{where}  {message.traj_id}  result turn={message.turn} {message.finish_reason}: {text!r}"
+    return f"{where}  {type(message).__name__} {message!r}"
+
+
+def to_json(tokenizer, record, message: Any) -> str:
+    out: dict[str, Any] = {"topic": record.topic, "partition": record.partition, "offset": record.offset,
+                           "timestamp_ms": record.timestamp}
+    if isinstance(message, MessageDecodeError):
+        out["error"] = str(message)
+    else:
+        out["kind"] = message.KIND
+        out["message"] = _plain(message)
+        trajectory = message.trajectory if isinstance(message, ScoredTrajectory) else message
+        if isinstance(trajectory, CompletedTrajectory) and tokenizer is not None:
+            out["text"] = tokenizer.decode(list(trajectory.token_ids), skip_special_tokens=False)
+    return json.dumps(out)
+
+
+def _plain(value: Any) -> Any:
+    from dataclasses import fields, is_dataclass
+
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, PackedArray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

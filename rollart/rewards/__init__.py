@@ -1,0 +1,1 @@
+"""Reward computation: local rules and serverless HTTP functions."""

@@ -1,0 +1,1 @@
+"""Rollout: chat contexts, trajectories, the env manager, the feeder, routing."""

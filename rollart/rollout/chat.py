@@ -1,0 +1,52 @@
+"""Token-in/token-out chat contexts: a multi-turn context is built by appending, never re-tokenized.
+
+The first prompt comes from the tokenizer's chat template (system + first observation + the
+assistant header). After each LLM turn the generated ids are appended exactly as generated, then
+the env's next observation is appended as a user message and a fresh assistant header. Re-encoding
+the whole conversation could merge or split tokens differently from what the model generated, which
+would make the trainer's logprobs refer to tokens the policy never produced.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+
+class ChatFormat:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ChatFormat":
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    @cached_property
+    def end_of_turn_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    @cached_property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return (self.end_of_turn_id,)
+
+    def initial(self, system: str, observation: str) -> list[int]:
+        messages = [{"role": "user", "content": observation}]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        return list(ids)
+
+    def continuation(self, observation: str, generated: list[int] | tuple[int, ...]) -> list[int]:
+        """Tokens that close the assistant turn (if the model did not) and open the next one."""
+        closing = [] if generated and generated[-1] == self.end_of_turn_id else [self.end_of_turn_id]
+        text = f"\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
+        return closing + self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode_action(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)

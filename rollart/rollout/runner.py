@@ -1,0 +1,136 @@
+"""``rollart rollout``: start the stack and every stage as processes, collect N scored trajectories.
+
+The run gets its own job name (``<job>-<run id>``), so its topics and state never mix with an
+earlier run's. A collector consumes ``rewards.results`` (scored trajectories, de-duplicated by id)
+and ``trajectories.completed`` (aborts with reasons) until N trajectories are scored, then the
+stages are stopped with SIGTERM and ``summary.json`` is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from rollart.config import RollartConfig
+from rollart.endpoints import Endpoints, NoEndpointError, resolve_endpoints
+from rollart.local.processes import StageProcesses
+from rollart.local.stack import LocalStack
+from rollart.messages import Abort, Envelope, ScoredTrajectory
+from rollart.models.tiny import ensure_model
+from rollart.runtime import open_runtime
+from rollart.topics.admin import apply_topics
+
+
+@contextlib.contextmanager
+def job_endpoints(config: RollartConfig, log_dir: Path):
+    """Configured/recorded endpoints, or a local stack started for the duration of the run."""
+    try:
+        yield resolve_endpoints(config)
+        return
+    except NoEndpointError:
+        pass
+    with LocalStack(log_dir=log_dir) as state:
+        yield Endpoints(state.kafka_bootstrap, state.redis_url, "local stack (this run)")
+
+
+def run_config(config: RollartConfig, endpoints: Endpoints, job: str, **updates) -> RollartConfig:
+    return config.model_copy(update={
+        "job": job,
+        "kafka": config.kafka.model_copy(update={"bootstrap": endpoints.kafka_bootstrap}),
+        "redis": config.redis.model_copy(update={"url": endpoints.redis_url}),
+        **updates,
+    })
+
+
+class Collector:
+    def __init__(self, target: int):
+        self.target = target
+        self.scored: dict[str, ScoredTrajectory] = {}
+        self.aborted: Counter = Counter()
+        self.aborted_ids: set[str] = set()
+        self.done = asyncio.Event()
+
+    async def handle(self, envelope: Envelope, ctx) -> None:
+        message = envelope.message
+        if isinstance(message, ScoredTrajectory):
+            self.scored.setdefault(message.trajectory.traj_id, message)
+            if len(self.scored) >= self.target:
+                self.done.set()
+        elif isinstance(message, Abort) and message.traj_id not in self.aborted_ids:
+            self.aborted_ids.add(message.traj_id)
+            self.aborted[message.reason] += 1
+
+    def summary(self, elapsed_s: float) -> dict:
+        by_tag: dict[str, list[ScoredTrajectory]] = defaultdict(list)
+        for scored in self.scored.values():
+            by_tag[scored.trajectory.tag].append(scored)
+        tokens = sum(sum(s.trajectory.loss_mask) for s in self.scored.values())
+        return {
+            "completed": len(self.scored),
+            "aborted": dict(self.aborted),
+            "by_tag": {tag: {
+                "completed": len(items),
+                "reward_mean": sum(s.reward for s in items) / len(items),
+                "turns_mean": sum(s.trajectory.turns for s in items) / len(items),
+                "success_rate": sum(s.trajectory.metrics.get("success", 0.0) for s in items) / len(items),
+            } for tag, items in sorted(by_tag.items())},
+            "tokens_generated": tokens,
+            "elapsed_s": round(elapsed_s, 3),
+            "trajectories_per_s": round(len(self.scored) / elapsed_s, 3) if elapsed_s else 0.0,
+        }
+
+
+async def collect(config: RollartConfig, target: int, procs: StageProcesses, timeout_s: float) -> Collector:
+    collector = Collector(target)
+    async with open_runtime(config, client_id="rollout-collector", serve=False) as rt:
+        loop = rt.consumer_loop("rollout-collector", ["rewards.results", "trajectories.completed"], collector.handle,
+                                ordering="none", dedup=False)
+        runner = asyncio.create_task(loop.run())
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not collector.done.is_set():
+                failed = procs.failed()
+                if failed:
+                    raise RuntimeError(f"stage(s) {failed} failed; last log lines:\n" + procs.tail(failed[0]))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"collected {len(collector.scored)} of {target} trajectories in {timeout_s}s")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(collector.done.wait(), 0.5)
+        finally:
+            loop.stop()
+            await runner
+    return collector
+
+
+async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int, out: Path,
+                  timeout_s: float = 900.0, env_members: int = 1, gen_members: int = 1) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_model(config.model)  # once, before the stages race to create it
+    groups = math.ceil(trajectories / config.feeder.group_size) + 2 * env_members * config.env.max_groups
+    with job_endpoints(config, out / "stack") as endpoints:
+        job = f"{config.job}-{uuid.uuid4().hex[:6]}"
+        cfg = run_config(config, endpoints, job)
+        await apply_topics(cfg, endpoints)
+        procs = StageProcesses(config_path, endpoints, job, out / "logs",
+                               extra_env={"ROLLART_FEEDER_ALPHA": "null", "ROLLART_FEEDER_MAX_GROUPS": str(groups)})
+        started = time.monotonic()
+        try:
+            for pool in cfg.pools:
+                for i in range(gen_members):
+                    procs.start(f"gen-{pool}-{i}", "generation", "--pool", pool)
+            for i in range(env_members):
+                procs.start(f"env-{i}", "env")
+            procs.start("reward-0", "reward")
+            procs.start("feeder", "feeder")
+            collector = await collect(cfg, trajectories, procs, timeout_s)
+        finally:
+            exit_codes = procs.stop_all()
+        summary = {"job": job, **collector.summary(time.monotonic() - started), "exit_codes": exit_codes}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,351 @@
+"""The env stage (EnvManager): runs trajectories, each on its own timeline.
+
+Two consumer loops per member:
+
+* ``env`` consumes ``tasks``. A TaskSpec's handler runs the whole group: ``group_size + redundancy``
+  trajectories concurrently, emitting each completion at once (scoring starts immediately) and
+  aborting the extras as soon as ``group_size`` completed. The task's offset is committed only when
+  its group is over, so a crashed member's groups are redelivered and rerun by a survivor (the
+  rerun reuses the trajectory ids, so the reward stage drops any second copy). ``env.max_groups``
+  bounds the groups a member runs at once; beyond it the loop pauses ``tasks``.
+* ``env-actions`` consumes ``env.actions``: generation results, produced by the generation stage to
+  the partition the requesting member owns (``reply_partition``). A result resolves the future its
+  trajectory awaits. When a partition is revoked, trajectories waiting on it re-issue their request
+  (``attempt + 1``) with a partition this member still owns.
+
+Every trajectory ends on ``trajectories.completed`` as a CompletedTrajectory or an Abort with a
+reason (reset failed, step timeout, generation timeout, redundant, stale, ...), counted in metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from zlib import crc32
+
+from aiokafka.structs import TopicPartition
+from prometheus_client import Counter, Gauge, Histogram
+
+from rollart.bus import MessageContext
+from rollart.config import RollartConfig
+from rollart.envs import FaultyEnv, make_env
+from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, SamplingParams, \
+    TaskSpec
+from rollart.rollout.chat import ChatFormat
+from rollart.rollout.routing import PoolRouter
+from rollart.rollout.trajectory import TrajectoryBuilder
+from rollart.runtime import Runtime, open_runtime
+from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
+
+log = logging.getLogger(__name__)
+
+_L = ("job", "tag")
+_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+COMPLETED = Counter("rollart_env_trajectories_completed_total", "Trajectories completed", (*_L, "status"))
+ABORTED = Counter("rollart_env_trajectories_aborted_total", "Trajectories aborted, by reason", (*_L, "reason"))
+INTERRUPTED = Counter("rollart_env_trajectories_interrupted_total",
+                      "Trajectories cut off by a rebalance or shutdown; their group reruns elsewhere", _L)
+TURNS = Histogram("rollart_env_trajectory_turns", "LLM turns per completed trajectory", _L,
+                  buckets=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 32))
+TRAJ_LATENCY = Histogram("rollart_env_trajectory_latency_seconds", "Start to end of a completed trajectory", _L,
+                         buckets=_SECONDS)
+RESET_LATENCY = Histogram("rollart_env_reset_latency_seconds", "env.reset time", _L, buckets=_SECONDS)
+STEP_LATENCY = Histogram("rollart_env_step_latency_seconds", "env.step time", _L, buckets=_SECONDS)
+RUNNING = Gauge("rollart_env_running_trajectories", "Trajectories in progress in this member", ("job",))
+GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
+ORPHANS = Counter("rollart_env_orphan_results_total",
+                  "Generation results for no trajectory of this member (late, after abort or re-home)", ("job",))
+
+
+class TrajectoryAborted(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Rehome(Exception):
+    """The reply partition of a pending request was revoked: re-issue it elsewhere."""
+
+
+@dataclass
+class PendingRequest:
+    future: asyncio.Future
+    partition: int
+    pool: str
+
+
+class EnvManager:
+    def __init__(self, runtime: Runtime, chat: ChatFormat, member: str):
+        self.rt = runtime
+        self.config: RollartConfig = runtime.config
+        self.chat = chat
+        self.member = member
+        self.owned: list[int] = []
+        self._owned_changed = asyncio.Event()
+        self._next_partition = 0
+        self.pending: dict[tuple[str, int, int], PendingRequest] = {}
+        registry = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
+        self.router = PoolRouter(self.config, registry)
+        self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
+        self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
+        self._version = (0, 0.0)  # (value, read at)
+        self.actions_topic = f"{self.config.job}.env.actions"
+
+    # -- env.actions: ownership and results -----------------------------------------------------
+
+    async def on_assign(self, tps: set[TopicPartition]) -> None:
+        self.owned = sorted(set(self.owned) | {tp.partition for tp in tps if tp.topic == self.actions_topic})
+        self._owned_changed.set()
+
+    async def on_revoke(self, tps: set[TopicPartition]) -> None:
+        revoked = {tp.partition for tp in tps if tp.topic == self.actions_topic}
+        self.owned = [p for p in self.owned if p not in revoked]
+        for pending in list(self.pending.values()):
+            if pending.partition in revoked and not pending.future.done():
+                pending.future.set_exception(Rehome())
+
+    async def handle_result(self, envelope: Envelope, ctx: MessageContext) -> None:
+        result: GenerationResult = envelope.message
+        pending = self.pending.pop((result.traj_id, result.turn, result.attempt), None)
+        if pending is None or pending.future.done():
+            ORPHANS.labels(self.config.job).inc()
+            return
+        pending.future.set_result(result)
+
+    async def _reply_partition(self) -> int:
+        deadline = time.monotonic() + self.config.env.generation_timeout_s
+        while not self.owned:
+            self._owned_changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TrajectoryAborted("ownership_lost")
+            try:
+                await asyncio.wait_for(self._owned_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        self._next_partition = (self._next_partition + 1) % len(self.owned)
+        return self.owned[self._next_partition]
+
+    # -- tasks: groups --------------------------------------------------------------------------
+
+    async def handle_task(self, envelope: Envelope, ctx: MessageContext) -> None:
+        task: TaskSpec = envelope.message
+        completed = await self.run_group(task, ctx)
+        GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
+        if self.config.feeder.alpha is not None:
+            await self.admission.finish(groups=1, accepted=completed >= task.group_size)
+
+    async def run_group(self, task: TaskSpec, ctx: MessageContext) -> int:
+        """Run the group's trajectories; returns how many completed (at most group_size are emitted)."""
+        runners = {asyncio.create_task(self.run_trajectory(task, f"{task.group_id}-{i}")): f"{task.group_id}-{i}"
+                   for i in range(task.group_size + task.redundancy)}
+        waiting, completed = set(runners), 0
+        try:
+            while waiting and completed < task.group_size:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for runner in done:
+                    outcome = runner.result()
+                    if isinstance(outcome, CompletedTrajectory) and completed >= task.group_size:
+                        outcome = self._abort(task, outcome.traj_id, outcome.turns, "redundant")
+                    if isinstance(outcome, CompletedTrajectory):
+                        completed += 1
+                    await self._emit(outcome, task, ctx)
+            for runner in waiting:  # the group is complete: the extras are not needed
+                runner.cancel()
+            for runner in waiting:
+                try:
+                    await runner
+                except asyncio.CancelledError:
+                    pass
+                await self._emit(self._abort(task, runners[runner], 0, "redundant"), task, ctx)
+            return completed
+        except asyncio.CancelledError:  # revoked or shutting down: the task is redelivered and rerun
+            for runner in runners:
+                if not runner.done():
+                    runner.cancel()
+                    INTERRUPTED.labels(self.config.job, task.tag).inc()
+            raise
+
+    async def _emit(self, outcome: CompletedTrajectory | Abort, task: TaskSpec, ctx: MessageContext) -> None:
+        if isinstance(outcome, CompletedTrajectory):
+            COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
+            TURNS.labels(self.config.job, task.tag).observe(outcome.turns)
+            TRAJ_LATENCY.labels(self.config.job, task.tag).observe(outcome.timings.get("total", 0.0))
+            version = outcome.start_version
+        else:
+            ABORTED.labels(self.config.job, task.tag, outcome.reason).inc()
+            version = None
+        await ctx.produce("trajectories.completed", outcome, key=outcome.traj_id, policy_version=version)
+
+    def _abort(self, task: TaskSpec, traj_id: str, turn: int, reason: str) -> Abort:
+        return Abort(traj_id=traj_id, turn=turn, reason=reason, group_id=task.group_id, tag=task.tag,
+                     created_at=time.time())
+
+    # -- one trajectory -------------------------------------------------------------------------
+
+    def _make_env(self, task: TaskSpec, traj_id: str):
+        spec = self.config.tags.get(task.tag)
+        env = make_env(task.env, spec.env_kwargs if spec else None)
+        if spec is not None and spec.faults is not None:
+            env = FaultyEnv(env, spec.faults, rng_seed=crc32(traj_id.encode()))
+        return env
+
+    async def run_trajectory(self, task: TaskSpec, traj_id: str) -> CompletedTrajectory | Abort:
+        builder = TrajectoryBuilder(traj_id, task)
+        RUNNING.labels(self.config.job).inc()
+        try:
+            env = self._make_env(task, traj_id)
+            observation = await self._reset(env, task, builder)
+            builder.add_context(self.chat.initial(env.system_prompt, observation))
+            spec = self.config.tags.get(task.tag)
+            max_turns = (spec.max_turns if spec and spec.max_turns else None) or env.max_turns
+            for turn in range(max_turns):
+                result = await self._generate(task, traj_id, turn, builder)
+                builder.add_generation(result)
+                step = await self._step(env, self.chat.decode_action(result.token_ids), task, builder)
+                builder.env_reward += step.reward
+                builder.invalid_actions += int(bool(step.info.get("invalid_action")))
+                if step.done:
+                    builder.success = bool(step.info.get("success", step.reward > 0))
+                    return self._finish(builder, env, "done")
+                continuation = self.chat.continuation(step.observation, result.token_ids)
+                if len(builder.tokens) + len(continuation) + self.config.env.sampling.max_tokens > \
+                        self.config.generation.max_model_len:
+                    return self._finish(builder, env, "truncated")
+                builder.add_context(continuation)
+                await self._check_staleness(builder)
+            return self._finish(builder, env, "max_turns")
+        except TrajectoryAborted as exc:
+            return self._abort(task, traj_id, builder.turns, exc.reason)
+        finally:
+            RUNNING.labels(self.config.job).dec()
+
+    def _finish(self, builder: TrajectoryBuilder, env, status: str) -> CompletedTrajectory:
+        labels = getattr(env, "episode_labels", None)
+        if callable(labels):
+            builder.task = _with_labels(builder.task, labels())
+        return builder.build(status)
+
+    async def _reset(self, env, task: TaskSpec, builder: TrajectoryBuilder) -> str:
+        cfg = self.config.env
+        for attempt in range(cfg.reset_attempts):
+            started = time.perf_counter()
+            try:
+                observation = await asyncio.wait_for(env.reset(task.seed, task.prompt, dict(task.labels)),
+                                                     cfg.reset_timeout_s)
+                RESET_LATENCY.labels(self.config.job, task.tag).observe(time.perf_counter() - started)
+                builder.add_time("env_reset", time.perf_counter() - started)
+                return observation
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - any env failure is retried
+                builder.add_time("env_reset", time.perf_counter() - started)
+                log.info("%s: reset attempt %d failed: %s", builder.traj_id, attempt + 1, exc)
+        raise TrajectoryAborted("env_reset_failed")
+
+    async def _step(self, env, action: str, task: TaskSpec, builder: TrajectoryBuilder):
+        started = time.perf_counter()
+        try:
+            return await asyncio.wait_for(env.step(action), self.config.env.step_timeout_s)
+        except asyncio.TimeoutError:
+            raise TrajectoryAborted("env_step_timeout") from None
+        except Exception as exc:  # noqa: BLE001
+            log.info("%s: step failed: %s", builder.traj_id, exc)
+            raise TrajectoryAborted("env_step_failed") from None
+        finally:
+            elapsed = time.perf_counter() - started
+            STEP_LATENCY.labels(self.config.job, task.tag).observe(elapsed)
+            builder.add_time("env_step", elapsed)
+
+    async def _generate(self, task: TaskSpec, traj_id: str, turn: int, builder: TrajectoryBuilder) -> GenerationResult:
+        sampling = self.config.env.sampling
+        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                max_tokens=sampling.max_tokens, stop_token_ids=self.chat.stop_token_ids)
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            partition = await self._reply_partition()
+            pool = await self.router.pool_for(task.tag)
+            request = GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, group_id=task.group_id,
+                                        tag=task.tag, pool=pool, prompt_ids=builder.tokens, reply_partition=partition,
+                                        owner=self.member, sampling=params, created_at=time.time())
+            key = (traj_id, turn, attempt)
+            future = asyncio.get_running_loop().create_future()
+            self.pending[key] = PendingRequest(future, partition, pool)
+            try:
+                await self.rt.producer.send_and_wait(f"gen.requests.{pool}", request, key=traj_id)
+                result = await asyncio.wait_for(future, self.config.env.generation_timeout_s)
+                builder.add_time("generation", time.perf_counter() - started)
+                return result
+            except Rehome:
+                attempt += 1
+            except asyncio.TimeoutError:
+                await self._cancel_generation(pool, traj_id, turn, task)
+                raise TrajectoryAborted("generation_timeout") from None
+            except asyncio.CancelledError:
+                await asyncio.shield(self._cancel_generation(pool, traj_id, turn, task))
+                raise
+            finally:
+                self.pending.pop(key, None)
+
+    async def _cancel_generation(self, pool: str, traj_id: str, turn: int, task: TaskSpec) -> None:
+        try:
+            await self.rt.producer.send(f"gen.requests.{pool}", self._abort(task, traj_id, turn, "cancelled"),
+                                        key=traj_id)
+        except Exception:  # best effort: the engine finishes the turn and the result is an orphan
+            log.debug("could not send abort for %s", traj_id, exc_info=True)
+
+    async def _check_staleness(self, builder: TrajectoryBuilder) -> None:
+        alpha = self.config.feeder.alpha
+        start = builder.start_version
+        if alpha is None or start is None:
+            return
+        value, read_at = self._version
+        if time.monotonic() - read_at > 1.0:
+            value = await self.versions.current()
+            self._version = (value, time.monotonic())
+        if value - start > alpha:
+            raise TrajectoryAborted("stale")
+
+
+def _with_labels(task: TaskSpec, labels: dict[str, str]) -> TaskSpec:
+    from dataclasses import replace
+
+    return replace(task, labels={**task.labels, **labels})
+
+
+async def run_env(config: RollartConfig) -> None:
+    """Run one env consumer (both loops) until SIGTERM."""
+    from rollart.models.tiny import ensure_model
+
+    member = f"env-{socket.gethostname()}-{os.getpid()}"
+    chat = ChatFormat.from_pretrained(ensure_model(config.model))
+    async with open_runtime(config, client_id=member) as rt:
+        manager = EnvManager(rt, chat, member)
+        actions = rt.consumer_loop("env-actions", ["env.actions"], manager.handle_result, ordering="none",
+                                   fetch_max_wait_ms=config.generation.fetch_max_wait_ms,
+                                   on_assign=manager.on_assign, on_revoke=manager.on_revoke)
+        tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
+                                 max_in_flight=config.env.max_groups)
+        await run_in_order(upstream=tasks, downstream=actions)
+
+
+async def run_in_order(*, upstream, downstream) -> None:
+    """Run two loops; on SIGTERM stop ``upstream`` first (its handlers still need ``downstream``)."""
+    import signal
+
+    event_loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        event_loop.add_signal_handler(sig, upstream.stop)
+    down = asyncio.create_task(downstream.run())
+    up = asyncio.create_task(upstream.run())
+    await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+    upstream.stop()
+    up_error = (await asyncio.gather(up, return_exceptions=True))[0]
+    downstream.stop()
+    down_error = (await asyncio.gather(down, return_exceptions=True))[0]
+    for error in (up_error, down_error):
+        if isinstance(error, BaseException):
+            raise error

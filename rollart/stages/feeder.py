@@ -1,0 +1,128 @@
+"""The feeder: turns the task sources into TaskSpec groups under the staleness admission bound.
+
+Each configured tag is a source with a sampling weight; a tag with a ``dataset`` (JSONL lines of
+``{"prompt": ..., "answer": ...}``) yields prompt tasks, others yield seeded env tasks. A group is
+released only while ``accepted + running < (alpha + version + 1) * groups_per_batch`` (see
+:mod:`rollart.state.admission`); ``feeder.alpha: null`` disables the bound (rollout without a trainer).
+Group ids are deterministic (``<job>-g<n>``) and the feeder resumes its count from Redis, so a
+restarted feeder neither repeats nor skips groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge
+
+from rollart.config import RollartConfig
+from rollart.messages import TaskSpec
+from rollart.runtime import Runtime, open_runtime
+from rollart.state import AdmissionCounters, VersionStore
+
+RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
+BLOCKED = Gauge("rollart_feeder_admission_blocked", "1 while the staleness bound holds the feeder back", ("job",))
+
+
+@dataclass(frozen=True)
+class Source:
+    tag: str
+    env: str
+    weight: float
+    prompts: tuple[tuple[str, str], ...] = ()  # (prompt, answer)
+
+
+def load_dataset(path: Path) -> tuple[tuple[str, str], ...]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rows.append((str(row["prompt"]), str(row["answer"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{n}: expected a JSON object with 'prompt' and 'answer' ({exc})") from None
+    if not rows:
+        raise ValueError(f"dataset {path} is empty")
+    return tuple(rows)
+
+
+def sources_from(config: RollartConfig) -> list[Source]:
+    if not config.tags:
+        raise ValueError("the feeder needs at least one entry under tags:")
+    return [Source(tag, spec.env, spec.weight, load_dataset(spec.dataset) if spec.dataset else ())
+            for tag, spec in config.tags.items() if spec.weight > 0]
+
+
+class Feeder:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.config = runtime.config
+        self.sources = sources_from(self.config)
+        self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
+        self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
+        self.counter_key = f"{self.config.redis.key_prefix}:{self.config.job}:feeder:released"
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def task(self, n: int) -> TaskSpec:
+        """The n-th task group: a pure function of (feeder seed, n), so a restart repeats nothing."""
+        rng = random.Random(self.config.feeder.seed * 1_000_003 + n)
+        source = rng.choices(self.sources, weights=[s.weight for s in self.sources])[0]
+        prompt, labels = "", {}
+        if source.prompts:
+            prompt, answer = source.prompts[rng.randrange(len(source.prompts))]
+            labels = {"answer": answer}
+        cfg = self.config.feeder
+        return TaskSpec(group_id=f"{self.config.job}-g{n}", env=source.env, tag=source.tag, group_size=cfg.group_size,
+                        seed=rng.randrange(1 << 31), prompt=prompt, redundancy=cfg.redundancy, labels=labels,
+                        created_at=time.time())
+
+    async def _admit(self) -> int | None:
+        """Reserve one group slot; returns the version admitted under, or None if the bound holds."""
+        cfg = self.config.feeder
+        version = await self.versions.current()
+        if cfg.alpha is None:
+            return version
+        ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
+        return version if ok else None
+
+    async def run(self) -> int:
+        """Release groups until ``feeder.max_groups`` or stop(); returns how many this run released."""
+        cfg = self.config.feeder
+        released = 0
+        while not self._stop.is_set():
+            n = int(await self.rt.redis.get(self.counter_key) or 0)
+            if cfg.max_groups is not None and n >= cfg.max_groups:
+                break
+            version = await self._admit()
+            BLOCKED.labels(self.config.job).set(1 if version is None else 0)
+            if version is None:
+                try:
+                    await asyncio.wait_for(self._stop.wait(), cfg.poll_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            task = replace(self.task(n), admitted_version=version)
+            await self.rt.producer.send_and_wait("tasks", task, key=task.group_id, policy_version=version)
+            await self.rt.redis.set(self.counter_key, n + 1)
+            RELEASED.labels(self.config.job, task.tag).inc()
+            released += 1
+        return released
+
+
+async def run_feeder(config: RollartConfig) -> None:
+    import signal
+
+    async with open_runtime(config, client_id="feeder") as rt:
+        feeder = Feeder(rt)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, feeder.stop)
+        await feeder.run()

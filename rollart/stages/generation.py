@@ -1,0 +1,88 @@
+"""The generation stage: one consumer group per pool, each member driving one engine.
+
+Requests from ``gen.requests.<pool>`` are handed to the engine as they arrive (up to
+``generation.max_concurrency`` at once; vLLM batches them continuously). Results go to the owner's
+reply partition of ``env.actions``. An Abort for a trajectory cancels its running request. Members
+heartbeat into the pool registry so env consumers can route around a pool with no live members.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from rollart.bus import MessageContext
+from rollart.config import RollartConfig
+from rollart.messages import Abort, Envelope, GenerationRequest
+from rollart.runtime import Runtime, open_runtime
+from rollart.state import PoolRegistry
+
+TOKENS = Counter("rollart_generation_tokens_total", "Tokens generated", ("job", "pool"))
+REQUESTS = Counter("rollart_generation_requests_total", "Requests finished, by finish reason",
+                   ("job", "pool", "finish_reason"))
+ABORTS = Counter("rollart_generation_aborts_total", "Abort messages that cancelled a running request",
+                 ("job", "pool"))
+LATENCY = Histogram("rollart_generation_request_latency_seconds", "Time to generate one turn", ("job", "pool"),
+                    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+RUNNING = Gauge("rollart_generation_running_requests", "Requests inside the engine", ("job", "pool"))
+
+
+def member_id(pool: str) -> str:
+    return f"gen-{pool}-{socket.gethostname()}-{os.getpid()}"
+
+
+class GenerationStage:
+    def __init__(self, runtime: Runtime, engine, pool: str):
+        self.runtime = runtime
+        self.engine = engine
+        self.pool = pool
+        self.labels = (runtime.config.job, pool)
+
+    async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
+        message = envelope.message
+        if isinstance(message, Abort):
+            if await self.engine.abort_trajectory(message.traj_id):
+                ABORTS.labels(*self.labels).inc()
+            return
+        assert isinstance(message, GenerationRequest)
+        RUNNING.labels(*self.labels).inc()
+        try:
+            result = await self.engine.generate(message)
+        finally:
+            RUNNING.labels(*self.labels).dec()
+        REQUESTS.labels(*self.labels, result.finish_reason).inc()
+        if result.finish_reason == "abort":
+            return  # the owner gave the trajectory up; nobody waits for this
+        TOKENS.labels(*self.labels).inc(len(result.token_ids))
+        LATENCY.labels(*self.labels).observe(result.latency_s)
+        version = result.versions[0] if len(result.versions) else None
+        await ctx.produce("env.actions", result, key=message.traj_id, partition=message.reply_partition,
+                          policy_version=version)
+
+
+async def run_generation(config: RollartConfig, pool: str, *, engine=None) -> None:
+    """Run one generation consumer of ``pool`` until SIGTERM."""
+    if pool not in config.pools:
+        raise ValueError(f"pool {pool!r} is not one of the job's pools {config.pools}")
+    member = member_id(pool)
+    if engine is None:
+        from rollart.engines.vllm_engine import VLLMEngine
+        from rollart.models.tiny import ensure_model
+
+        engine = VLLMEngine(ensure_model(config.model), config.generation, pool=pool, instance=member)
+    await engine.start()
+    try:
+        async with open_runtime(config, client_id=member) as rt:
+            stage = GenerationStage(rt, engine, pool)
+            loop = rt.consumer_loop(f"gen-{pool}", [f"gen.requests.{pool}"], stage.handle, ordering="none",
+                                    max_in_flight=config.generation.max_concurrency,
+                                    fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
+            loop.install_signal_handlers()
+            registry = PoolRegistry(rt.redis, prefix=config.redis.key_prefix, job=config.job)
+            async with registry.membership(pool, member, ttl_s=config.generation.heartbeat_ttl_s,
+                                           info={"model": str(config.model.path), "pid": os.getpid()}):
+                await loop.run()
+    finally:
+        engine.shutdown()

@@ -1,0 +1,122 @@
+"""The reward bridge: scores each completed trajectory as soon as it arrives.
+
+Per task tag a :class:`RewardSpec` says how: ``env`` (the env's own rewards), ``rule`` (a local rule
+such as the math answer check), or ``http`` (a serverless function). The env reward is kept as a
+component (and added, unless ``include_env_reward`` is off). A trajectory whose reward cannot be
+computed (the endpoint keeps failing, a rule cannot apply) is dead-lettered with the reason and
+the bridge goes on. Aborts on ``trajectories.completed`` are counted and not scored.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from prometheus_client import Counter, Histogram
+
+from rollart.bus import MessageContext, PermanentError
+from rollart.config import RewardSpec, RollartConfig
+from rollart.messages import Abort, CompletedTrajectory, Envelope, ScoredTrajectory
+from rollart.rewards.http import HttpRewardClient, RewardCallFailed
+from rollart.rewards.rules import RULES, last_turn_tokens
+from rollart.rollout.chat import ChatFormat
+from rollart.runtime import Runtime, open_runtime
+
+LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
+                    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
+FAILURES = Counter("rollart_reward_failures_total", "Trajectories that could not be scored", ("job", "tag", "type"))
+SCORED = Counter("rollart_reward_scored_total", "Trajectories scored", ("job", "tag"))
+ABORTS_SEEN = Counter("rollart_reward_aborts_seen_total", "Aborted trajectories passed over", ("job", "tag", "reason"))
+
+DEFAULT_SPEC = RewardSpec()
+
+
+class RewardBridge:
+    def __init__(self, runtime: Runtime, chat: ChatFormat):
+        self.rt = runtime
+        self.config: RollartConfig = runtime.config
+        self.chat = chat
+        self._http: dict[str, HttpRewardClient] = {}
+
+    def spec_for(self, tag: str) -> RewardSpec:
+        spec = self.config.tags.get(tag)
+        return spec.reward if spec is not None else DEFAULT_SPEC
+
+    def _client(self, tag: str, spec: RewardSpec) -> HttpRewardClient:
+        if tag not in self._http:
+            self._http[tag] = HttpRewardClient(spec)
+        return self._http[tag]
+
+    async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
+        message = envelope.message
+        if isinstance(message, Abort):
+            ABORTS_SEEN.labels(self.config.job, message.tag, message.reason).inc()
+            return
+        spec = self.spec_for(message.tag)
+        started = time.perf_counter()
+        try:
+            reward, components = await self.score(message, spec)
+        except (RewardCallFailed, ValueError) as exc:
+            FAILURES.labels(self.config.job, message.tag, spec.type).inc()
+            raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}") from None
+        LATENCY.labels(self.config.job, message.tag, spec.type).observe(time.perf_counter() - started)
+        SCORED.labels(self.config.job, message.tag).inc()
+        scored = ScoredTrajectory(trajectory=message, reward=reward, reward_components=components,
+                                  scorer=spec.type if spec.type != "rule" else f"rule:{spec.rule}",
+                                  scored_at=time.time())
+        await ctx.produce("rewards.results", scored, key=message.group_id, policy_version=message.start_version)
+
+    async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
+        components = {"env": trajectory.env_reward}
+        if spec.type == "rule":
+            final_text = self.chat.decode_action(last_turn_tokens(trajectory))
+            components.update(RULES[spec.rule](trajectory, final_text, format_penalty=spec.format_penalty))
+        elif spec.type == "http":
+            reward, extra = await self._client(trajectory.tag, spec).score(self.payload(trajectory))
+            components.update(extra)
+            components["http"] = reward
+            total = reward + (trajectory.env_reward if spec.include_env_reward else 0.0)
+            return total, components
+        rule_part = sum(v for k, v in components.items() if k != "env")
+        return rule_part + (trajectory.env_reward if spec.include_env_reward or spec.type == "env" else 0.0), components
+
+    def payload(self, trajectory: CompletedTrajectory) -> dict:
+        return {
+            "traj_id": trajectory.traj_id, "group_id": trajectory.group_id, "tag": trajectory.tag,
+            "env": trajectory.env, "text": self.chat.decode(trajectory.token_ids),
+            "final_text": self.chat.decode_action(last_turn_tokens(trajectory)), "turns": trajectory.turns,
+            "env_reward": trajectory.env_reward, "labels": dict(trajectory.labels),
+            "metrics": dict(trajectory.metrics),
+        }
+
+    async def close(self) -> None:
+        for client in self._http.values():
+            await client.close()
+
+
+async def run_reward(config: RollartConfig) -> None:
+    from rollart.models.tiny import ensure_model
+
+    for tag, spec in config.tags.items():  # fail at start-up, naming the tag, not on the first trajectory
+        if spec.reward.type == "http":
+            from rollart.rewards.http import check_url
+
+            try:
+                check_url(spec.reward)
+            except ValueError as exc:
+                raise ValueError(f"tags.{tag}.reward: {exc}") from None
+        if spec.reward.type == "rule" and spec.reward.rule is None:
+            raise ValueError(f"tags.{tag}.reward: type rule needs a rule name")
+    member = f"reward-{socket.gethostname()}-{os.getpid()}"
+    chat = ChatFormat.from_pretrained(ensure_model(config.model))
+    async with open_runtime(config, client_id=member) as rt:
+        bridge = RewardBridge(rt, chat)
+        max_concurrency = max([s.reward.concurrency for s in config.tags.values()] + [16])
+        loop = rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
+                                max_in_flight=max_concurrency * max(1, len(config.tags)))
+        loop.install_signal_handlers()
+        try:
+            await loop.run()
+        finally:
+            await bridge.close()
