@@ -22,41 +22,46 @@ async def read_to_end(config: RollartConfig, endpoints: Endpoints, physical_topi
     """Yield every record of ``physical_topic`` (from ``start_ms`` if given) up to the end seen at start."""
     consumer = AIOKafkaConsumer(
         enable_auto_commit=False,
+        auto_offset_reset="earliest",
         fetch_max_wait_ms=fetch_max_wait_ms,
         client_id=f"{config.kafka.client_id}-reader",
         **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
     )
     await asyncio.wait_for(consumer.start(), timeout_s)
     try:
-        partitions = consumer.partitions_for_topic(physical_topic)
-        if partitions is None:
-            await consumer._client.force_metadata_update()  # topic created after our first metadata fetch
-            partitions = consumer.partitions_for_topic(physical_topic) or set()
+        await consumer.topics()  # fetch metadata for every topic, so partitions_for_topic knows this one
+        partitions = consumer.partitions_for_topic(physical_topic) or set()
         tps = [TopicPartition(physical_topic, p) for p in sorted(partitions)]
         if not tps:
             return
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
         await _seek_start(consumer, tps, start_ms)
-        remaining = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+        # The end of each partition is the high watermark of its first fetch response. Tansu's
+        # ListOffsets is not reliable here (it undercounts when a batch holds several records, and
+        # answered "earliest" wrongly at times), so neither end_offsets nor seek_to_beginning is used.
+        ends: dict[TopicPartition, int] = {}
+        remaining = set(tps)
         while remaining:
             batch = await asyncio.wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
-            for tp, records in batch.items():
-                for record in records:
-                    if record.offset < ends[tp]:
+            for tp in list(remaining):
+                if tp not in ends and consumer.highwater(tp) is not None:
+                    ends[tp] = consumer.highwater(tp)
+                for record in batch.get(tp, ()):
+                    if record.offset < ends.get(tp, record.offset + 1):
                         yield record
-                if await consumer.position(tp) >= ends[tp]:
+                if tp in ends and await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
     finally:
         await consumer.stop()
 
 
 async def _seek_start(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start_ms: int | None) -> None:
-    if start_ms is None:
-        await consumer.seek_to_beginning(*tps)
-        return
-    found = await consumer.offsets_for_times({tp: start_ms for tp in tps})
-    ends = await consumer.end_offsets(tps)
+    found = await consumer.offsets_for_times({tp: start_ms for tp in tps}) if start_ms is not None else {}
     for tp in tps:
         hit = found.get(tp)
-        consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+        if start_ms is None:
+            consumer.seek(tp, 0)  # out of range after retention: auto_offset_reset takes the earliest
+        elif hit is not None:
+            consumer.seek(tp, hit.offset)
+        else:
+            await consumer.seek_to_end(tp)  # nothing at or after start_ms
