@@ -126,3 +126,18 @@ async def loops():
     running = RunningLoops()
     yield running
     await running.stop_all()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 + tokenizer trained on the envs' text, created locally once per session."""
+    from rollart.models.tiny import init_tiny_model
+
+    return init_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def chat(tiny_model):
+    from rollart.rollout.chat import ChatFormat
+
+    return ChatFormat.from_pretrained(tiny_model)

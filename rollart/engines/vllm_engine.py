@@ -20,11 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str | Path, config: GenerationConfig, *, pool: str, instance: str):
+    def __init__(self, model_path: str | Path, config: GenerationConfig):
         self.model_path = str(model_path)
         self.config = config
-        self.pool = pool
-        self.instance = instance
         self.version = 0
         self._engine = None
         self._by_traj: dict[str, set[str]] = {}
@@ -96,7 +94,7 @@ class VLLMEngine:
         return GenerationResult(traj_id=request.traj_id, turn=request.turn, attempt=request.attempt,
                                 token_ids=tokens, logprobs=logprobs, versions=versions,
                                 finish_reason=finish if finish in ("stop", "length", "abort") else "stop",
-                                pool=self.pool, instance=self.instance, prompt_tokens=len(request.prompt_ids),
+                                prompt_tokens=len(request.prompt_ids),
                                 latency_s=time.perf_counter() - started)
 
     async def abort_trajectory(self, traj_id: str) -> int:

@@ -1,8 +1,23 @@
 """The stages of the RL loop, each run by its consumer group (see consumers/)."""
 
 
+def prepare_config(config):
+    """Import every tag's env class (so a typo fails now, naming the tag, and its ``hw_mapping`` /
+    ``register_serverless`` declarations register), then fill the config from those declarations."""
+    from rollart.decorators import apply_declarations
+    from rollart.envs import UnknownEnvError, resolve_env_class
+
+    for tag, spec in config.tags.items():
+        try:
+            resolve_env_class(spec.env)
+        except UnknownEnvError as exc:
+            raise ValueError(f"tags.{tag}.env: {exc}") from None
+    return apply_declarations(config)
+
+
 async def entry(stage: str, config, pool: str | None = None) -> None:
     """Run one member of ``stage`` (the body of `rollart consume` and of consumers/*)."""
+    config = prepare_config(config)
     if stage == "feeder":
         from rollart.stages.feeder import run_feeder
 

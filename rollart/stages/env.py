@@ -212,6 +212,8 @@ class EnvManager:
                 if step.done:
                     builder.success = bool(step.info.get("success", step.reward > 0))
                     return self._finish(builder, env, "done")
+                if turn == max_turns - 1:
+                    break  # no next turn: the context ends with the last generated tokens
                 continuation = self.chat.continuation(step.observation, result.token_ids)
                 if len(builder.tokens) + len(continuation) + self.config.env.sampling.max_tokens > \
                         self.config.generation.max_model_len:
@@ -323,13 +325,19 @@ async def run_env(config: RollartConfig) -> None:
     member = f"env-{socket.gethostname()}-{os.getpid()}"
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     async with open_runtime(config, client_id=member) as rt:
-        manager = EnvManager(rt, chat, member)
-        actions = rt.consumer_loop("env-actions", ["env.actions"], manager.handle_result, ordering="none",
-                                   fetch_max_wait_ms=config.generation.fetch_max_wait_ms,
-                                   on_assign=manager.on_assign, on_revoke=manager.on_revoke)
-        tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
-                                 max_in_flight=config.env.max_groups)
+        tasks, actions = env_loops(rt, EnvManager(rt, chat, member))
         await run_in_order(upstream=tasks, downstream=actions)
+
+
+def env_loops(rt: Runtime, manager: EnvManager):
+    """The member's two loops: (tasks → groups, env.actions → results)."""
+    config = rt.config
+    actions = rt.consumer_loop("env-actions", ["env.actions"], manager.handle_result, ordering="none",
+                               fetch_max_wait_ms=config.generation.fetch_max_wait_ms,
+                               on_assign=manager.on_assign, on_revoke=manager.on_revoke)
+    tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
+                             max_in_flight=config.env.max_groups)
+    return tasks, actions
 
 
 async def run_in_order(*, upstream, downstream) -> None:

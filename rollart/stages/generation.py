@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -34,11 +35,19 @@ def member_id(pool: str) -> str:
 
 
 class GenerationStage:
-    def __init__(self, runtime: Runtime, engine, pool: str):
+    def __init__(self, runtime: Runtime, engine, pool: str, member: str):
         self.runtime = runtime
         self.engine = engine
         self.pool = pool
+        self.member = member
         self.labels = (runtime.config.job, pool)
+
+    def membership(self):
+        """Heartbeat into the pool registry while the block runs."""
+        config = self.runtime.config
+        registry = PoolRegistry(self.runtime.redis, prefix=config.redis.key_prefix, job=config.job)
+        return registry.membership(self.pool, self.member, ttl_s=config.generation.heartbeat_ttl_s,
+                                   info={"model": str(config.model.path), "pid": os.getpid()})
 
     async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
         message = envelope.message
@@ -52,6 +61,7 @@ class GenerationStage:
             result = await self.engine.generate(message)
         finally:
             RUNNING.labels(*self.labels).dec()
+        result = replace(result, pool=self.pool, instance=self.member)
         REQUESTS.labels(*self.labels, result.finish_reason).inc()
         if result.finish_reason == "abort":
             return  # the owner gave the trajectory up; nobody waits for this
@@ -60,6 +70,13 @@ class GenerationStage:
         version = result.versions[0] if len(result.versions) else None
         await ctx.produce("env.actions", result, key=message.traj_id, partition=message.reply_partition,
                           policy_version=version)
+
+
+def generation_loop(rt: Runtime, stage: GenerationStage):
+    config = rt.config
+    return rt.consumer_loop(f"gen-{stage.pool}", [f"gen.requests.{stage.pool}"], stage.handle, ordering="none",
+                            max_in_flight=config.generation.max_concurrency,
+                            fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
 
 
 async def run_generation(config: RollartConfig, pool: str, *, engine=None) -> None:
@@ -71,18 +88,14 @@ async def run_generation(config: RollartConfig, pool: str, *, engine=None) -> No
         from rollart.engines.vllm_engine import VLLMEngine
         from rollart.models.tiny import ensure_model
 
-        engine = VLLMEngine(ensure_model(config.model), config.generation, pool=pool, instance=member)
+        engine = VLLMEngine(ensure_model(config.model), config.generation)
     await engine.start()
     try:
         async with open_runtime(config, client_id=member) as rt:
-            stage = GenerationStage(rt, engine, pool)
-            loop = rt.consumer_loop(f"gen-{pool}", [f"gen.requests.{pool}"], stage.handle, ordering="none",
-                                    max_in_flight=config.generation.max_concurrency,
-                                    fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
+            stage = GenerationStage(rt, engine, pool, member)
+            loop = generation_loop(rt, stage)
             loop.install_signal_handlers()
-            registry = PoolRegistry(rt.redis, prefix=config.redis.key_prefix, job=config.job)
-            async with registry.membership(pool, member, ttl_s=config.generation.heartbeat_ttl_s,
-                                           info={"model": str(config.model.path), "pid": os.getpid()}):
+            async with stage.membership():
                 await loop.run()
     finally:
         engine.shutdown()

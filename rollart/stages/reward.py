@@ -95,6 +95,14 @@ class RewardBridge:
             await client.close()
 
 
+def reward_loop(rt: Runtime, bridge: RewardBridge):
+    # Enough in flight that every tag's endpoint can use its whole concurrency at once.
+    config = rt.config
+    in_flight = sum(max(s.reward.concurrency, 1) for s in config.tags.values()) or 16
+    return rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
+                            max_in_flight=in_flight)
+
+
 async def run_reward(config: RollartConfig) -> None:
     from rollart.models.tiny import ensure_model
 
@@ -112,9 +120,7 @@ async def run_reward(config: RollartConfig) -> None:
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     async with open_runtime(config, client_id=member) as rt:
         bridge = RewardBridge(rt, chat)
-        max_concurrency = max([s.reward.concurrency for s in config.tags.values()] + [16])
-        loop = rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
-                                max_in_flight=max_concurrency * max(1, len(config.tags)))
+        loop = reward_loop(rt, bridge)
         loop.install_signal_handlers()
         try:
             await loop.run()

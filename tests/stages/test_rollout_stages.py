@@ -1,0 +1,121 @@
+"""The rollout stages in one process on the real broker, Redis and vLLM (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart.envs import FORMAT_PENALTY
+from rollart.metrics import MESSAGES_DEAD_LETTERED
+from rollart.rollout.routing import FALLBACKS
+from tests.conftest import eventually
+
+GRID = {"env": "frozenlake", "reward": {"type": "env"}}
+MATH = {"env": "math", "reward": {"type": "rule", "rule": "math_answer", "include_env_reward": False}}
+
+
+@pytest.mark.rollout(tags={"frozenlake": GRID, "math": MATH})
+async def test_groups_complete_scored_with_loss_mask_on_llm_tokens_only(harness, chat):
+    await harness.submit("fl", "frozenlake", group_size=3, seed=1)
+    await harness.submit("m", "math", group_size=2, seed=2)
+    await harness.wait_groups({"fl": 3, "m": 2})
+    await eventually(lambda: len(harness.scored) == 5, what="5 scored trajectories")
+    for traj_id, scored in harness.scored.items():
+        t = scored.trajectory
+        assert t.turns >= 1 and len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) == len(t.versions)
+        generated = [i for i, m in enumerate(t.loss_mask) if m]
+        assert generated and min(generated) >= t.prompt_len, "the prompt is never trained on"
+        assert all(t.versions[i] == 0 for i in generated) and all(t.logprobs[i] < 0 for i in generated)
+        assert all(t.versions[i] == -1 and t.logprobs[i] == 0 for i, m in enumerate(t.loss_mask) if not m)
+        text = chat.decode(t.token_ids)
+        assert text.count("<|im_start|>assistant") == t.turns, "one assistant header per LLM turn"
+    math = [s for s in harness.scored.values() if s.trajectory.tag == "math"]
+    assert all("answer" in s.reward_components and "answer" in s.trajectory.labels for s in math)
+
+
+@pytest.mark.rollout(tags={"frozenlake": GRID})
+async def test_malformed_actions_get_the_format_penalty_not_a_crash(harness):
+    # A random tiny model mostly emits text with no move in it: each such step costs the penalty.
+    await harness.submit("bad", "frozenlake", group_size=4, seed=3)
+    await harness.wait_groups({"bad": 4})
+    trajectories = [harness.completed[t] for t in harness.ended("bad")["completed"]]
+    assert len(trajectories) == 4
+    invalid = sum(t.metrics["invalid_actions"] for t in trajectories)
+    assert invalid > 0
+    for t in trajectories:
+        assert t.env_reward <= FORMAT_PENALTY * t.metrics["invalid_actions"] + 1.0 + 1e-6
+
+
+SLOW = {"env": "frozenlake", "reward": {"type": "env"},
+        "faults": {"step_latency": {"dist": "fixed", "mean_s": 4.0}}}
+
+
+@pytest.mark.rollout(tags={"slow": SLOW, "fast": GRID}, env={"max_groups": 8})
+async def test_trajectories_do_not_wait_for_a_slow_env(harness):
+    await harness.submit("slow", "slow", group_size=2, seed=4)
+    fast = [f"fast{i}" for i in range(4)]
+    for i, group in enumerate(fast):
+        await harness.submit(group, "fast", group_size=2, seed=10 + i)
+    await harness.wait_groups({g: 2 for g in fast}, timeout=90)
+    assert not harness.ended("slow")["completed"], "the slow env cannot have finished yet"
+    await harness.wait_groups({"slow": 2}, timeout=120)
+    slow_done = min(harness.completed_at[t] for t in harness.ended("slow")["completed"])
+    fast_done = max(harness.completed_at[t] for g in fast for t in harness.ended(g)["completed"])
+    assert fast_done < slow_done, "fast trajectories completed while the slow one was still stepping"
+
+
+FLAKY = {"env": "frozenlake", "reward": {"type": "env"}, "faults": {"reset_failure_rate": 0.3}}
+
+
+@pytest.mark.rollout(tags={"flaky": FLAKY}, env={"reset_attempts": 1, "max_groups": 8})
+async def test_redundant_rollouts_fill_groups_despite_reset_failures(harness):
+    # Fixed ids: faults are seeded by trajectory id, so these groups see the same 7 reset failures every
+    # run, and each keeps at least group_size healthy rollouts (red0 would not: 4 of its 5 fail).
+    groups = [f"red{i}" for i in range(1, 6)]
+    for i, group in enumerate(groups):
+        await harness.submit(group, "flaky", group_size=2, redundancy=3, seed=i)
+    await harness.wait_groups({g: 5 for g in groups}, timeout=120)
+    reasons: dict[str, int] = {}
+    for group in groups:
+        ended = harness.ended(group)
+        assert len(ended["completed"]) == 2, f"{group}: exactly group_size trajectories complete"
+        assert len(ended["completed"]) + len(ended["aborted"]) == 5, "every started trajectory ends"
+        for traj_id in ended["aborted"]:
+            reason = harness.aborted[traj_id].reason
+            reasons[reason] = reasons.get(reason, 0) + 1
+    assert reasons.get("env_reset_failed", 0) > 0, reasons
+    assert reasons.get("redundant", 0) > 0, reasons
+    assert set(reasons) <= {"env_reset_failed", "redundant"}
+
+
+@pytest.mark.rollout(pools=["p1", "p2"], tags={"frozenlake": {**GRID, "pool": "p1"}, "math": {**MATH, "pool": "p2"}})
+async def test_tags_reach_their_pool_and_fall_back_when_it_is_down(harness):
+    await harness.submit("r1", "frozenlake", group_size=2, seed=5)
+    await harness.submit("r2", "math", group_size=2, seed=6)
+    await harness.wait_groups({"r1": 2, "r2": 2})
+    served = await _served_by(harness)
+    assert {served[t] for t in served if t.startswith("r1-")} == {"p1"}
+    assert {served[t] for t in served if t.startswith("r2-")} == {"p2"}
+
+    await harness.stop_pool("p2")  # its member leaves the registry
+    job = harness.config.job
+    before = FALLBACKS.labels(job, "math", "p2", "p1")._value.get()
+    await harness.submit("r3", "math", group_size=2, seed=7)
+    await harness.wait_groups({"r3": 2})
+    assert len(harness.ended("r3")["completed"]) == 2
+    served = await _served_by(harness)
+    assert {served[t] for t in served if t.startswith("r3-")} == {"p1"}
+    assert FALLBACKS.labels(job, "math", "p2", "p1")._value.get() > before
+
+
+async def _served_by(harness) -> dict[str, str]:
+    """traj_id -> pool, from the generation requests on each pool's topic."""
+    from rollart.bus.reader import read_to_end
+    from rollart.messages import DEFAULT_CODEC
+
+    served = {}
+    for pool in harness.config.pools:
+        async for record in read_to_end(harness.config, harness.rt.endpoints,
+                                        f"{harness.config.job}.gen.requests.{pool}"):
+            message = DEFAULT_CODEC.decode(record.value, record.headers).message
+            served[message.traj_id] = pool
+    return served
