@@ -139,6 +139,7 @@ class ConsumerLoop:
         self._tracker = OffsetTracker()
         self._tasks: dict[tuple[TopicPartition, int], asyncio.Task] = {}
         self._tails: dict[Any, asyncio.Task] = {}
+        self._active_ids: dict[str, asyncio.Task] = {}  # message id -> the task handling it
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -271,14 +272,24 @@ class ConsumerLoop:
             MESSAGES_FAILED.labels(*labels, "decode").inc()
             await self._dead_letter(record, labels, f"decode: {exc}", exc.field)
             return
-        if self.dedup is not None and await self.dedup.seen(envelope.message_id):
-            MESSAGES_DEDUPLICATED.labels(*labels).inc()
-            return
-        error = await self._handle_with_retries(envelope, record, topic, labels)
-        if error is not None:
-            await self._dead_letter(record, labels, error, "")
-        if self.dedup is not None:
-            self.dedup.mark(envelope.message_id)
+        message_id = envelope.message_id
+        me = asyncio.current_task()
+        twin = self._active_ids.get(message_id)
+        self._active_ids[message_id] = me  # a later copy of this message waits for this task
+        try:
+            if twin is not None:  # the same message is being handled right now: wait, then it is seen
+                await asyncio.wait([twin])
+            if self.dedup is not None and await self.dedup.seen(message_id):
+                MESSAGES_DEDUPLICATED.labels(*labels).inc()
+                return
+            error = await self._handle_with_retries(envelope, record, topic, labels)
+            if error is not None:
+                await self._dead_letter(record, labels, error, "")
+            if self.dedup is not None:
+                self.dedup.mark(message_id)
+        finally:
+            if self._active_ids.get(message_id) is me:
+                del self._active_ids[message_id]
         if error is None:
             MESSAGES_PROCESSED.labels(*labels).inc()
 

@@ -81,9 +81,10 @@ class HttpRewardClient:
         raise RewardCallFailed(f"{self.url} failed {self.spec.attempts} times; last: {last}", False)
 
     async def _call(self, payload: dict) -> tuple[float, dict[str, float]]:
+        headers = self._headers()
         self.calls += 1
         try:
-            async with self._session.post(self.url, json=payload, headers=self._headers()) as response:
+            async with self._session.post(self.url, json=payload, headers=headers) as response:
                 if response.status == 429 or response.status >= 500:
                     raise RewardCallFailed(f"HTTP {response.status}", True)
                 if response.status >= 400:
