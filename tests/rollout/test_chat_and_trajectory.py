@@ -1,0 +1,35 @@
+"""Token-in/token-out contexts and the loss mask."""
+
+from __future__ import annotations
+
+from rollart.messages import Float32Array, GenerationResult, Int32Array, TaskSpec
+from rollart.rollout.trajectory import TrajectoryBuilder
+
+
+def test_appended_context_matches_the_chat_template(chat):
+    system, first, second = "rules", "P _ _ _", "_ P _ _"
+    generated = chat.tokenizer.encode("Right", add_special_tokens=False)
+    context = chat.initial(system, first) + generated + chat.continuation(second, generated)
+    rendered = chat.tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": first},
+         {"role": "assistant", "content": "Right"}, {"role": "user", "content": second}],
+        add_generation_prompt=True, tokenize=False)
+    assert chat.decode(context) == rendered
+    # The model's own end-of-turn token is kept, not doubled.
+    ended = generated + [chat.end_of_turn_id]
+    assert chat.continuation(second, ended)[0] != chat.end_of_turn_id
+
+
+def test_loss_mask_covers_only_generated_tokens():
+    task = TaskSpec(group_id="g", env="frozenlake", tag="t", group_size=1)
+    builder = TrajectoryBuilder("g-0", task)
+    builder.add_context([1, 2, 3])
+    builder.add_generation(GenerationResult(traj_id="g-0", turn=0, token_ids=Int32Array([7, 8]),
+                                            logprobs=Float32Array([-0.5, -0.25]), versions=Int32Array([4, 5]),
+                                            finish_reason="stop"))
+    builder.add_context([9])
+    built = builder.build("done")
+    assert list(built.loss_mask) == [0, 0, 0, 1, 1, 0]
+    assert list(built.versions) == [-1, -1, -1, 4, 5, -1]
+    assert list(built.logprobs) == [0, 0, 0, -0.5, -0.25, 0]
+    assert (built.prompt_len, built.turns, built.start_version, built.end_version) == (3, 1, 4, 5)

@@ -1,0 +1,82 @@
+"""The feeder releases task groups under the staleness admission bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from rollart.bus.reader import read_to_end
+from rollart.messages import DEFAULT_CODEC
+from rollart.runtime import open_runtime
+from rollart.stages.feeder import Feeder, load_dataset
+from rollart.state import AdmissionCounters, VersionWriter
+from rollart.topics import expand_catalog
+from rollart.topics.admin import apply_topics
+from tests.conftest import eventually, make_config
+
+
+async def _released(rt) -> list:
+    """Every released task, in release order (they are spread over the topic's partitions)."""
+    tasks = [DEFAULT_CODEC.decode(r.value, r.headers).message
+             async for r in read_to_end(rt.config, rt.endpoints, f"{rt.config.job}.tasks")]
+    return sorted(tasks, key=lambda t: int(t.group_id.rsplit("-g", 1)[1]))
+
+
+async def test_admission_bound_holds_the_feeder_until_the_version_moves(endpoints, tmp_path):
+    dataset = tmp_path / "math.jsonl"
+    dataset.write_text(json.dumps({"prompt": "What is 6 * 7?", "answer": "42"}) + "\n")
+    config = make_config(endpoints, feeder={"alpha": 1, "groups_per_batch": 2, "group_size": 3, "redundancy": 1,
+                                            "poll_interval_s": 0.02},
+                         tags={"math": {"env": "math", "dataset": str(dataset)},
+                               "frozenlake": {"env": "frozenlake", "weight": 2}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        feeder = Feeder(rt)
+        run = asyncio.create_task(feeder.run())
+        await eventually(lambda: _count(rt, 4), what="(alpha + 0 + 1) * 2 = 4 groups")
+        await asyncio.sleep(0.3)
+        assert len(await _released(rt)) == 4, "the bound holds the feeder back"
+
+        counters = AdmissionCounters(rt.redis, prefix=config.redis.key_prefix, job=config.job)
+        await counters.finish(groups=2, accepted=True)
+        writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer)
+        await writer.acquire()
+        await writer.bump(step=1)  # version 1: (1 + 1 + 1) * 2 = 6 slots
+        await eventually(lambda: _count(rt, 6), what="two more groups after the version bump")
+        feeder.stop()
+        await run
+
+    tasks = await _released(rt)
+    assert [t.group_id for t in tasks] == [f"{config.job}-g{i}" for i in range(6)]
+    assert all(t.group_size == 3 and t.redundancy == 1 for t in tasks)
+    assert [t.admitted_version for t in tasks] == [0, 0, 0, 0, 1, 1]
+    math = [t for t in tasks if t.tag == "math"]
+    assert all(t.prompt == "What is 6 * 7?" and t.labels == {"answer": "42"} for t in math)
+    assert {t.tag for t in tasks} <= {"math", "frozenlake"}
+
+
+async def _count(rt, n: int) -> bool:
+    return len(await _released(rt)) >= n
+
+
+async def test_restarted_feeder_continues_where_it_stopped(endpoints):
+    config = make_config(endpoints, feeder={"alpha": None, "max_groups": 3}, tags={"f": {"env": "frozenlake"}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        assert await Feeder(rt).run() == 3
+        assert await Feeder(rt).run() == 0, "max_groups already released"
+        more = config.model_copy(update={"feeder": config.feeder.model_copy(update={"max_groups": 5})})
+        rt.config = more
+        assert await Feeder(rt).run() == 2
+        ids = [t.group_id for t in await _released(rt)]
+    assert ids == [f"{config.job}-g{i}" for i in range(5)], "no group repeated or skipped"
+    assert Feeder.task.__doc__  # the n-th task is a pure function of (seed, n)
+
+
+def test_bad_dataset_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "x", "answer": "1"}\n{"prompt": "no answer"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        load_dataset(path)
