@@ -150,6 +150,9 @@ class EnvStageConfig(Section):
     step_timeout_s: float = Field(default=30.0, gt=0)
     reset_attempts: int = Field(default=3, ge=1)
     generation_timeout_s: float = Field(default=120.0, gt=0)
+    # On SIGTERM or revocation, running groups get this long to finish; the rest are cut off and
+    # rerun by whoever gets their task next (their task offsets are not committed).
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
     sampling: SamplingConfig = SamplingConfig()
 
 

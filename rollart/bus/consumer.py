@@ -109,6 +109,7 @@ class ConsumerLoop:
         on_assign: PartitionsCallback | None = None,
         on_revoke: PartitionsCallback | None = None,
         client_id: str | None = None,
+        drain_timeout_s: float | None = None,
     ):
         self.config = config
         self.group = group
@@ -119,6 +120,7 @@ class ConsumerLoop:
         self.max_in_flight = max_in_flight or config.bus.max_in_flight
         self.on_assign = on_assign
         self.on_revoke = on_revoke
+        self.drain_timeout_s = config.bus.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self.names = producer.names
         self.codec = producer.codec
         self._physical = {self.names.physical(t): t for t in topics}
@@ -356,7 +358,7 @@ class ConsumerLoop:
     async def _drain(self, tps: set[TopicPartition] | None) -> None:
         tasks = [t for (tp, _), t in list(self._tasks.items()) if tps is None or tp in tps]
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.config.bus.drain_timeout_s)
+            _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_s)
             for task in pending:
                 task.cancel()
             if pending:

@@ -73,15 +73,14 @@ class StageProcesses:
         return [name for name, p in self.stages.items() if p.proc is not None and p.proc.poll() not in (None, 0)]
 
     def stop_all(self, grace_s: float = 20.0) -> dict[str, int | None]:
-        for process in self.stages.values():
-            if process.alive():
-                process.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for process in self.stages.values():
-            if process.proc is None:
+        """SIGTERM each stage, the last started first (the feeder before the env stage before the
+        engines), waiting for each so upstream work drains into live downstream stages."""
+        for process in reversed(list(self.stages.values())):
+            if not process.alive():
                 continue
+            process.proc.send_signal(signal.SIGTERM)
             try:
-                process.proc.wait(max(0.1, deadline - time.monotonic()))
+                process.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 process.proc.kill()
                 process.proc.wait()

@@ -336,7 +336,7 @@ def env_loops(rt: Runtime, manager: EnvManager):
                                fetch_max_wait_ms=config.generation.fetch_max_wait_ms,
                                on_assign=manager.on_assign, on_revoke=manager.on_revoke)
     tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
-                             max_in_flight=config.env.max_groups)
+                             max_in_flight=config.env.max_groups, drain_timeout_s=config.env.shutdown_grace_s)
     return tasks, actions
 
 
