@@ -92,6 +92,7 @@ class VLLMEngine:
                 if not ids:
                     del self._by_traj[request.traj_id]
         return GenerationResult(traj_id=request.traj_id, turn=request.turn, attempt=request.attempt,
+                                episode=request.episode,
                                 token_ids=tokens, logprobs=logprobs, versions=versions,
                                 finish_reason=finish if finish in ("stop", "length", "abort") else "stop",
                                 prompt_tokens=len(request.prompt_ids),

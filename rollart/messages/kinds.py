@@ -82,13 +82,16 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     created_at: float = 0.0
     attempt: NonNegInt = 0  # re-issued after the reply partition moved to another env consumer
+    # One run of the trajectory: a group rerun after a crash reuses traj ids, and its requests must
+    # not be mistaken for the dead run's (which the generation group has already de-duplicated).
+    episode: Name = ""
 
     def message_id(self) -> str:
-        return f"gen:{self.traj_id}:{self.turn}:{self.attempt}"
+        return f"gen:{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"
 
     @property
     def request_id(self) -> str:
-        return f"{self.traj_id}:{self.turn}:{self.attempt}"
+        return f"{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +134,10 @@ class GenerationResult:
     latency_s: float = 0.0
     error: Text = ""
     attempt: NonNegInt = 0
+    episode: Name = ""
 
     def message_id(self) -> str:
-        return f"genres:{self.traj_id}:{self.turn}:{self.attempt}"
+        return f"genres:{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.logprobs) == len(self.versions)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ class TrajectoryBuilder:
     invalid_actions: int = 0
     success: bool = False
     started: float = field(default_factory=time.perf_counter)
+    episode: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # this run of the trajectory
     timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def add_context(self, token_ids: list[int]) -> None:

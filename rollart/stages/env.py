@@ -87,7 +87,7 @@ class EnvManager:
         self.owned: list[int] = []
         self._owned_changed = asyncio.Event()
         self._next_partition = 0
-        self.pending: dict[tuple[str, int, int], PendingRequest] = {}
+        self.pending: dict[tuple[str, str, int, int], PendingRequest] = {}
         registry = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.router = PoolRouter(self.config, registry)
         self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
@@ -110,7 +110,7 @@ class EnvManager:
 
     async def handle_result(self, envelope: Envelope, ctx: MessageContext) -> None:
         result: GenerationResult = envelope.message
-        pending = self.pending.pop((result.traj_id, result.turn, result.attempt), None)
+        pending = self.pending.pop((result.traj_id, result.episode, result.turn, result.attempt), None)
         if pending is None or pending.future.done():
             ORPHANS.labels(self.config.job).inc()
             return
@@ -270,10 +270,11 @@ class EnvManager:
         while True:
             partition = await self._reply_partition()
             pool = await self.router.pool_for(task.tag)
-            request = GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, group_id=task.group_id,
+            request = GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,
+                                        group_id=task.group_id,
                                         tag=task.tag, pool=pool, prompt_ids=builder.tokens, reply_partition=partition,
                                         owner=self.member, sampling=params, created_at=time.time())
-            key = (traj_id, turn, attempt)
+            key = (traj_id, builder.episode, turn, attempt)
             future = asyncio.get_running_loop().create_future()
             self.pending[key] = PendingRequest(future, partition, pool)
             try:
