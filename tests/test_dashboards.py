@@ -9,6 +9,11 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 import rollart.metrics  # noqa: F401 - registers the metrics
+import rollart.rollout.routing  # noqa: F401
+import rollart.stages.env  # noqa: F401
+import rollart.stages.feeder  # noqa: F401
+import rollart.stages.generation  # noqa: F401
+import rollart.stages.reward  # noqa: F401
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "dashboards"
 

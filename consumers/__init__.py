@@ -1,0 +1,20 @@
+"""One runnable entry per consumer group: ``python -m consumers.<stage> --config JOB.yaml``.
+
+Each is `rollart consume <stage>`; Kubernetes Deployments run these modules. The stage code lives in
+``rollart.stages``; the bus loop it runs on in ``rollart.bus``.
+
+| module | consumer group(s) | consumes | produces |
+|---|---|---|---|
+| feeder | (producer only) | policy version, admission counters | tasks |
+| env | env, env-actions | tasks, env.actions | gen.requests.<pool>, trajectories.completed |
+| generation | gen-<pool> | gen.requests.<pool> | env.actions (owner's partition) |
+| reward | reward | trajectories.completed | rewards.results |
+"""
+
+
+def run(stage: str) -> None:
+    import sys
+
+    from rollart.cli import app
+
+    app(["consume", stage, *sys.argv[1:]], prog_name=f"python -m consumers.{stage}")
