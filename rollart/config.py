@@ -103,7 +103,7 @@ class SamplingConfig(Section):
 class RewardSpec(Section):
     """How a tag's trajectories are scored (see rollart.rewards)."""
 
-    type: Literal["env", "rule", "http"] = "env"
+    type: Literal["env", "rule", "http", "judge"] = "env"
     rule: Literal["math_answer", "format"] | None = None  # type=rule
     url: str | None = None  # type=http
     token_env: str | None = None  # name of the env var holding the bearer token
@@ -114,6 +114,9 @@ class RewardSpec(Section):
     allow_insecure_remote: bool = False  # plain HTTP to a non-loopback host
     format_penalty: float = -0.1
     include_env_reward: bool = True
+    pool: str | None = None  # type=judge: the generation pool that serves the judge model
+    judge_prompt: str = ("Rate the answer from 0 to 1.\nTask: {question}\nAnswer: {final_text}\nScore:")
+    judge_max_tokens: int = Field(default=8, ge=1)
 
 
 class TagConfig(Section):
@@ -188,6 +191,8 @@ class RollartConfig(BaseSettings):
         for tag, spec in self.tags.items():
             if spec.pool is not None and spec.pool not in self.pools:
                 raise ValueError(f"tags.{tag}.pool {spec.pool!r} is not one of pools {self.pools}")
+            if spec.reward.type == "judge" and spec.reward.pool not in self.pools:
+                raise ValueError(f"tags.{tag}.reward.pool {spec.reward.pool!r} (the judge) is not one of {self.pools}")
         return self
 
     def pool_for(self, tag: str) -> str:

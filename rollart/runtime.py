@@ -53,3 +53,24 @@ async def open_runtime(config: RollartConfig, *, client_id: str | None = None,
     finally:
         await producer.stop()
         await redis.aclose()
+
+
+async def run_in_order(*, upstream, downstream) -> None:
+    """Run two consumer loops of one member; on SIGTERM stop ``upstream`` first (its handlers still
+    wait on replies that ``downstream`` delivers), then ``downstream``. Re-raises the first failure."""
+    import asyncio
+    import signal
+
+    event_loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        event_loop.add_signal_handler(sig, upstream.stop)
+    down = asyncio.create_task(downstream.run())
+    up = asyncio.create_task(upstream.run())
+    await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+    upstream.stop()
+    up_error = (await asyncio.gather(up, return_exceptions=True))[0]
+    downstream.stop()
+    down_error = (await asyncio.gather(down, return_exceptions=True))[0]
+    for error in (up_error, down_error):
+        if isinstance(error, BaseException):
+            raise error

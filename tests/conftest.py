@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from rollart.config import RollartConfig, build_config
 from rollart.endpoints import Endpoints
 from rollart.local.stack import LocalStack, StackState
-from rollart.runtime import Runtime, open_runtime
+from rollart.runtime import open_runtime
 from rollart.state import connect_redis
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics

@@ -85,6 +85,7 @@ class GenerationRequest:
     # One run of the trajectory: a group rerun after a crash reuses traj ids, and its requests must
     # not be mistaken for the dead run's (which the generation group has already de-duplicated).
     episode: Name = ""
+    reply_topic: Name = "env.actions"  # logical topic of the reply (rewards.judge for LLM-judge rewards)
 
     def message_id(self) -> str:
         return f"gen:{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"

@@ -9,9 +9,7 @@ Two consumer loops per member:
   rerun reuses the trajectory ids, so the reward stage drops any second copy). ``env.max_groups``
   bounds the groups a member runs at once; beyond it the loop pauses ``tasks``.
 * ``env-actions`` consumes ``env.actions``: generation results, produced by the generation stage to
-  the partition the requesting member owns (``reply_partition``). A result resolves the future its
-  trajectory awaits. When a partition is revoked, trajectories waiting on it re-issue their request
-  (``attempt + 1``) with a partition this member still owns.
+  the partition the requesting member owns (see :mod:`rollart.rollout.replies`).
 
 Every trajectory ends on ``trajectories.completed`` as a CompletedTrajectory or an Abort with a
 reason (reset failed, step timeout, generation timeout, redundant, stale, ...), counted in metrics.
@@ -24,10 +22,8 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from zlib import crc32
 
-from aiokafka.structs import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
 from rollart.bus import MessageContext
@@ -36,9 +32,10 @@ from rollart.envs import FaultyEnv, make_env
 from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, SamplingParams, \
     TaskSpec
 from rollart.rollout.chat import ChatFormat
+from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.rollout.routing import PoolRouter
 from rollart.rollout.trajectory import TrajectoryBuilder
-from rollart.runtime import Runtime, open_runtime
+from rollart.runtime import Runtime, open_runtime, run_in_order
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 
 log = logging.getLogger(__name__)
@@ -57,8 +54,6 @@ RESET_LATENCY = Histogram("rollart_env_reset_latency_seconds", "env.reset time",
 STEP_LATENCY = Histogram("rollart_env_step_latency_seconds", "env.step time", _L, buckets=_SECONDS)
 RUNNING = Gauge("rollart_env_running_trajectories", "Trajectories in progress in this member", ("job",))
 GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
-ORPHANS = Counter("rollart_env_orphan_results_total",
-                  "Generation results for no trajectory of this member (late, after abort or re-home)", ("job",))
 
 
 class TrajectoryAborted(Exception):
@@ -67,68 +62,18 @@ class TrajectoryAborted(Exception):
         self.reason = reason
 
 
-class Rehome(Exception):
-    """The reply partition of a pending request was revoked: re-issue it elsewhere."""
-
-
-@dataclass
-class PendingRequest:
-    future: asyncio.Future
-    partition: int
-    pool: str
-
-
 class EnvManager:
     def __init__(self, runtime: Runtime, chat: ChatFormat, member: str):
         self.rt = runtime
         self.config: RollartConfig = runtime.config
         self.chat = chat
         self.member = member
-        self.owned: list[int] = []
-        self._owned_changed = asyncio.Event()
-        self._next_partition = 0
-        self.pending: dict[tuple[str, str, int, int], PendingRequest] = {}
+        self.replies = ReplyChannel(runtime, "env.actions", timeout_s=self.config.env.generation_timeout_s)
         registry = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.router = PoolRouter(self.config, registry)
         self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
         self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self._version = (0, 0.0)  # (value, read at)
-        self.actions_topic = f"{self.config.job}.env.actions"
-
-    # -- env.actions: ownership and results -----------------------------------------------------
-
-    async def on_assign(self, tps: set[TopicPartition]) -> None:
-        self.owned = sorted(set(self.owned) | {tp.partition for tp in tps if tp.topic == self.actions_topic})
-        self._owned_changed.set()
-
-    async def on_revoke(self, tps: set[TopicPartition]) -> None:
-        revoked = {tp.partition for tp in tps if tp.topic == self.actions_topic}
-        self.owned = [p for p in self.owned if p not in revoked]
-        for pending in list(self.pending.values()):
-            if pending.partition in revoked and not pending.future.done():
-                pending.future.set_exception(Rehome())
-
-    async def handle_result(self, envelope: Envelope, ctx: MessageContext) -> None:
-        result: GenerationResult = envelope.message
-        pending = self.pending.pop((result.traj_id, result.episode, result.turn, result.attempt), None)
-        if pending is None or pending.future.done():
-            ORPHANS.labels(self.config.job).inc()
-            return
-        pending.future.set_result(result)
-
-    async def _reply_partition(self) -> int:
-        deadline = time.monotonic() + self.config.env.generation_timeout_s
-        while not self.owned:
-            self._owned_changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TrajectoryAborted("ownership_lost")
-            try:
-                await asyncio.wait_for(self._owned_changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
-        self._next_partition = (self._next_partition + 1) % len(self.owned)
-        return self.owned[self._next_partition]
 
     # -- tasks: groups --------------------------------------------------------------------------
 
@@ -265,40 +210,23 @@ class EnvManager:
         sampling = self.config.env.sampling
         params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_tokens=sampling.max_tokens, stop_token_ids=self.chat.stop_token_ids)
-        started = time.perf_counter()
-        attempt = 0
-        while True:
-            partition = await self._reply_partition()
-            pool = await self.router.pool_for(task.tag)
-            request = GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,
-                                        group_id=task.group_id,
-                                        tag=task.tag, pool=pool, prompt_ids=builder.tokens, reply_partition=partition,
-                                        owner=self.member, sampling=params, created_at=time.time())
-            key = (traj_id, builder.episode, turn, attempt)
-            future = asyncio.get_running_loop().create_future()
-            self.pending[key] = PendingRequest(future, partition, pool)
-            try:
-                await self.rt.producer.send_and_wait(f"gen.requests.{pool}", request, key=traj_id)
-                result = await asyncio.wait_for(future, self.config.env.generation_timeout_s)
-                builder.add_time("generation", time.perf_counter() - started)
-                return result
-            except Rehome:
-                attempt += 1
-            except asyncio.TimeoutError:
-                await self._cancel_generation(pool, traj_id, turn, task)
-                raise TrajectoryAborted("generation_timeout") from None
-            except asyncio.CancelledError:
-                await asyncio.shield(self._cancel_generation(pool, traj_id, turn, task))
-                raise
-            finally:
-                self.pending.pop(key, None)
+        pool = await self.router.pool_for(task.tag)
 
-    async def _cancel_generation(self, pool: str, traj_id: str, turn: int, task: TaskSpec) -> None:
+        def build(partition: int, attempt: int) -> GenerationRequest:
+            return GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,
+                                     group_id=task.group_id, tag=task.tag, pool=pool, prompt_ids=builder.tokens,
+                                     reply_partition=partition, owner=self.member, sampling=params,
+                                     created_at=time.time())
+
+        started = time.perf_counter()
         try:
-            await self.rt.producer.send(f"gen.requests.{pool}", self._abort(task, traj_id, turn, "cancelled"),
-                                        key=traj_id)
-        except Exception:  # best effort: the engine finishes the turn and the result is an orphan
-            log.debug("could not send abort for %s", traj_id, exc_info=True)
+            result = await self.replies.request(build)
+        except asyncio.TimeoutError:
+            raise TrajectoryAborted("generation_timeout") from None
+        except NoReplyPartition:
+            raise TrajectoryAborted("ownership_lost") from None
+        builder.add_time("generation", time.perf_counter() - started)
+        return result
 
     async def _check_staleness(self, builder: TrajectoryBuilder) -> None:
         alpha = self.config.feeder.alpha
@@ -333,28 +261,7 @@ async def run_env(config: RollartConfig) -> None:
 def env_loops(rt: Runtime, manager: EnvManager):
     """The member's two loops: (tasks → groups, env.actions → results)."""
     config = rt.config
-    actions = rt.consumer_loop("env-actions", ["env.actions"], manager.handle_result, ordering="none",
-                               fetch_max_wait_ms=config.generation.fetch_max_wait_ms,
-                               on_assign=manager.on_assign, on_revoke=manager.on_revoke)
+    actions = manager.replies.consumer_loop("env-actions")
     tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
                              max_in_flight=config.env.max_groups, drain_timeout_s=config.env.shutdown_grace_s)
     return tasks, actions
-
-
-async def run_in_order(*, upstream, downstream) -> None:
-    """Run two loops; on SIGTERM stop ``upstream`` first (its handlers still need ``downstream``)."""
-    import signal
-
-    event_loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        event_loop.add_signal_handler(sig, upstream.stop)
-    down = asyncio.create_task(downstream.run())
-    up = asyncio.create_task(upstream.run())
-    await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-    upstream.stop()
-    up_error = (await asyncio.gather(up, return_exceptions=True))[0]
-    downstream.stop()
-    down_error = (await asyncio.gather(down, return_exceptions=True))[0]
-    for error in (up_error, down_error):
-        if isinstance(error, BaseException):
-            raise error

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rollart.bus import MessageContext
+from rollart.bus import MessageContext, PermanentError
 from rollart.config import RollartConfig
 from rollart.messages import Abort, Envelope, GenerationRequest
 from rollart.runtime import Runtime, open_runtime
@@ -28,6 +28,9 @@ ABORTS = Counter("rollart_generation_aborts_total", "Abort messages that cancell
 LATENCY = Histogram("rollart_generation_request_latency_seconds", "Time to generate one turn", ("job", "pool"),
                     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 RUNNING = Gauge("rollart_generation_running_requests", "Requests inside the engine", ("job", "pool"))
+
+
+REPLY_TOPICS = frozenset({"env.actions", "rewards.judge"})  # where a request may ask for its result
 
 
 def member_id(pool: str) -> str:
@@ -56,6 +59,8 @@ class GenerationStage:
                 ABORTS.labels(*self.labels).inc()
             return
         assert isinstance(message, GenerationRequest)
+        if message.reply_topic not in REPLY_TOPICS:
+            raise PermanentError(f"reply_topic {message.reply_topic!r} is not one of {sorted(REPLY_TOPICS)}")
         RUNNING.labels(*self.labels).inc()
         try:
             result = await self.engine.generate(message)
@@ -68,7 +73,7 @@ class GenerationStage:
         TOKENS.labels(*self.labels).inc(len(result.token_ids))
         LATENCY.labels(*self.labels).observe(result.latency_s)
         version = result.versions[0] if len(result.versions) else None
-        await ctx.produce("env.actions", result, key=message.traj_id, partition=message.reply_partition,
+        await ctx.produce(message.reply_topic, result, key=message.traj_id, partition=message.reply_partition,
                           policy_version=version)
 
 

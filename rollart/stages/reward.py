@@ -1,7 +1,9 @@
 """The reward bridge: scores each completed trajectory as soon as it arrives.
 
 Per task tag a :class:`RewardSpec` says how: ``env`` (the env's own rewards), ``rule`` (a local rule
-such as the math answer check), or ``http`` (a serverless function). The env reward is kept as a
+such as the math answer check), ``http`` (a serverless function) or ``judge`` (an LLM judge served by a
+generation pool, asked over the bus like the env stage asks for actions: the verdict comes back on a
+``rewards.judge`` partition this member owns). The env reward is kept as a
 component (and added, unless ``include_env_reward`` is off). A trajectory whose reward cannot be
 computed (the endpoint keeps failing, a rule cannot apply) is dead-lettered with the reason and
 the bridge goes on. Aborts on ``trajectories.completed`` are counted and not scored.
@@ -9,19 +11,24 @@ the bridge goes on. Aborts on ``trajectories.completed`` are counted and not sco
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
+import uuid
 
 from prometheus_client import Counter, Histogram
 
 from rollart.bus import MessageContext, PermanentError
 from rollart.config import RewardSpec, RollartConfig
-from rollart.messages import Abort, CompletedTrajectory, Envelope, ScoredTrajectory
+from rollart.envs.math import extract_answer
+from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, Int32Array, SamplingParams, \
+    ScoredTrajectory
 from rollart.rewards.http import HttpRewardClient, RewardCallFailed
 from rollart.rewards.rules import RULES, last_turn_tokens
 from rollart.rollout.chat import ChatFormat
-from rollart.runtime import Runtime, open_runtime
+from rollart.rollout.replies import NoReplyPartition, ReplyChannel
+from rollart.runtime import Runtime, open_runtime, run_in_order
 
 LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
                     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
@@ -38,6 +45,9 @@ class RewardBridge:
         self.config: RollartConfig = runtime.config
         self.chat = chat
         self._http: dict[str, HttpRewardClient] = {}
+        judges = [t.reward for t in self.config.tags.values() if t.reward.type == "judge"]
+        self.judge = ReplyChannel(runtime, "rewards.judge", timeout_s=max(j.timeout_s for j in judges)) \
+            if judges else None
 
     def spec_for(self, tag: str) -> RewardSpec:
         spec = self.config.tags.get(tag)
@@ -72,6 +82,9 @@ class RewardBridge:
         if spec.type == "rule":
             final_text = self.chat.decode_action(last_turn_tokens(trajectory))
             components.update(RULES[spec.rule](trajectory, final_text, format_penalty=spec.format_penalty))
+        elif spec.type == "judge":
+            components.update(await self._judge(trajectory, spec))
+            return components["judge"] + (trajectory.env_reward if spec.include_env_reward else 0.0), components
         elif spec.type == "http":
             reward, extra = await self._client(trajectory.tag, spec).score(self.payload(trajectory))
             components.update(extra)
@@ -80,6 +93,31 @@ class RewardBridge:
             return total, components
         rule_part = sum(v for k, v in components.items() if k != "env")
         return rule_part + (trajectory.env_reward if spec.include_env_reward or spec.type == "env" else 0.0), components
+
+    async def _judge(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> dict[str, float]:
+        """Ask the judge pool for a 0..1 score of the final answer; unparseable verdicts score 0."""
+        prompt = spec.judge_prompt.format(question=trajectory.labels.get("question", ""), text=self.chat.decode(
+            trajectory.token_ids), final_text=self.chat.decode_action(last_turn_tokens(trajectory)))
+        prompt_ids = Int32Array(self.chat.initial("", prompt))
+        episode = uuid.uuid4().hex[:12]
+        sampling = SamplingParams(temperature=0.0, max_tokens=spec.judge_max_tokens,
+                                  stop_token_ids=self.chat.stop_token_ids)
+
+        def build(partition: int, attempt: int) -> GenerationRequest:
+            return GenerationRequest(traj_id=trajectory.traj_id, turn=0, attempt=attempt, episode=episode,
+                                     group_id=trajectory.group_id, tag=trajectory.tag, pool=spec.pool,
+                                     prompt_ids=prompt_ids, reply_partition=partition, reply_topic="rewards.judge",
+                                     sampling=sampling, created_at=time.time())
+
+        try:
+            verdict = await asyncio.wait_for(self.judge.request(build), spec.timeout_s)
+        except (asyncio.TimeoutError, NoReplyPartition) as exc:
+            raise RewardCallFailed(f"judge pool {spec.pool} gave no verdict: {type(exc).__name__}", False) from None
+        score = extract_answer(self.chat.decode_action(verdict.token_ids))
+        try:
+            return {"judge": min(1.0, max(0.0, float(score))), "judge_unparsed": 0.0}
+        except (TypeError, ValueError):
+            return {"judge": 0.0, "judge_unparsed": 1.0}
 
     def payload(self, trajectory: CompletedTrajectory) -> dict:
         return {
@@ -95,12 +133,14 @@ class RewardBridge:
             await client.close()
 
 
-def reward_loop(rt: Runtime, bridge: RewardBridge):
+def reward_loops(rt: Runtime, bridge: RewardBridge):
+    """(the scoring loop, the judge-verdict loop or None when no tag uses an LLM judge)."""
     # Enough in flight that every tag's endpoint can use its whole concurrency at once.
     config = rt.config
     in_flight = sum(max(s.reward.concurrency, 1) for s in config.tags.values()) or 16
-    return rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
-                            max_in_flight=in_flight)
+    scoring = rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
+                               max_in_flight=in_flight)
+    return scoring, bridge.judge.consumer_loop("reward-judge") if bridge.judge is not None else None
 
 
 async def run_reward(config: RollartConfig) -> None:
@@ -120,9 +160,12 @@ async def run_reward(config: RollartConfig) -> None:
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     async with open_runtime(config, client_id=member) as rt:
         bridge = RewardBridge(rt, chat)
-        loop = reward_loop(rt, bridge)
-        loop.install_signal_handlers()
+        scoring, verdicts = reward_loops(rt, bridge)
         try:
-            await loop.run()
+            if verdicts is None:
+                scoring.install_signal_handlers()
+                await scoring.run()
+            else:
+                await run_in_order(upstream=scoring, downstream=verdicts)
         finally:
             await bridge.close()

@@ -15,7 +15,7 @@ from rollart.messages import ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.rewards.http import HttpRewardClient, check_url
 from rollart.runtime import open_runtime
-from rollart.stages.reward import RewardBridge, reward_loop
+from rollart.stages.reward import RewardBridge, reward_loops
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
 from tests.conftest import RunningLoops, eventually, make_config
@@ -86,7 +86,7 @@ async def test_http_rewards_once_per_trajectory_retry_then_dead_letter(endpoints
             scored.setdefault(envelope.message.trajectory.traj_id, envelope.message)
 
         try:
-            await loops.start(reward_loop(rt, bridge))
+            await loops.start(reward_loops(rt, bridge)[0])
             await loops.start(rt.consumer_loop("collector", ["rewards.results"], collect, dedup=False),
                               wait_assigned=False)
             for t in [trajectories[0], poison, *trajectories[1:], trajectories[3]]:  # w3 twice: a duplicate

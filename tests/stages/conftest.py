@@ -7,7 +7,6 @@ groups and watch every outcome on the topics.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 from typing import Any
@@ -19,7 +18,7 @@ from rollart.messages import Abort, CompletedTrajectory, ScoredTrajectory, TaskS
 from rollart.runtime import open_runtime
 from rollart.stages.env import EnvManager, env_loops
 from rollart.stages.generation import GenerationStage, generation_loop
-from rollart.stages.reward import RewardBridge, reward_loop
+from rollart.stages.reward import RewardBridge, reward_loops
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
 from tests.conftest import RunningLoops, eventually, make_config
@@ -55,7 +54,10 @@ class RolloutHarness:
         tasks, actions = env_loops(self.rt, self.manager)
         await self.loops.start(actions)
         await self.loops.start(tasks, wait_assigned=False)
-        await self.loops.start(reward_loop(self.rt, RewardBridge(self.rt, self.chat)), wait_assigned=False)
+        scoring, verdicts = reward_loops(self.rt, RewardBridge(self.rt, self.chat))
+        if verdicts is not None:
+            await self.loops.start(verdicts)
+        await self.loops.start(scoring, wait_assigned=False)
         await self.loops.start(self.rt.consumer_loop("observer", ["trajectories.completed", "rewards.results"],
                                                      self._observe, ordering="none", dedup=False),
                                wait_assigned=False)

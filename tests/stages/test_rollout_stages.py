@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from rollart.envs import FORMAT_PENALTY
-from rollart.metrics import MESSAGES_DEAD_LETTERED
 from rollart.rollout.routing import FALLBACKS
 from tests.conftest import eventually
 
@@ -119,3 +118,26 @@ async def _served_by(harness) -> dict[str, str]:
             message = DEFAULT_CODEC.decode(record.value, record.headers).message
             served[message.traj_id] = pool
     return served
+
+
+JUDGED = {"env": "math", "reward": {"type": "judge", "pool": "p1", "include_env_reward": False, "timeout_s": 60}}
+
+
+@pytest.mark.rollout(tags={"judged": JUDGED})
+async def test_llm_judge_served_by_a_generation_pool(harness):
+    from rollart.bus.reader import read_to_end
+    from rollart.messages import DEFAULT_CODEC
+
+    await harness.submit("j", "judged", group_size=2, seed=8)
+    await harness.wait_groups({"j": 2})
+    await eventually(lambda: len(harness.scored) == 2, what="2 judged trajectories")
+    for scored in harness.scored.values():
+        assert scored.scorer == "judge"
+        assert 0.0 <= scored.reward_components["judge"] <= 1.0
+        assert scored.reward == scored.reward_components["judge"]
+        # A random tiny judge rarely writes a number: then it scores 0 and says so.
+        assert scored.reward_components["judge_unparsed"] in (0.0, 1.0)
+    judge_requests = [m for m in [DEFAULT_CODEC.decode(r.value, r.headers).message async for r in read_to_end(
+        harness.config, harness.rt.endpoints, f"{harness.config.job}.gen.requests.p1")]
+        if getattr(m, "reply_topic", "") == "rewards.judge"]
+    assert {m.traj_id for m in judge_requests} == {"j-0", "j-1"}, "one verdict asked per trajectory"

@@ -1,0 +1,120 @@
+"""Request/reply over the bus: ask a generation pool, get the answer on a partition this member owns.
+
+A member consumes a reply topic (``env.actions`` for the env stage, ``rewards.judge`` for LLM-judge
+rewards) in its own consumer group. Each request names one of the reply partitions currently
+assigned to the member (``reply_partition``); the generation stage produces the result exactly there.
+When a partition is revoked, requests waiting on it are re-issued (``attempt + 1``) with a partition
+the member still owns; their late results elsewhere are counted as orphans and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from aiokafka.structs import TopicPartition
+from prometheus_client import Counter
+
+from rollart.bus import MessageContext
+from rollart.messages import Abort, Envelope, GenerationRequest, GenerationResult
+from rollart.runtime import Runtime
+
+ORPHANS = Counter("rollart_bus_orphan_replies_total",
+                  "Replies for no request of this member (late, after an abort or a re-issue)", ("job", "topic"))
+
+
+class NoReplyPartition(Exception):
+    """The member owned no reply partition for the whole timeout."""
+
+
+class _Reissue(Exception):
+    """The reply partition of a pending request was revoked."""
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future
+    partition: int
+
+
+class ReplyChannel:
+    def __init__(self, runtime: Runtime, reply_topic: str, *, timeout_s: float):
+        self.rt = runtime
+        self.reply_topic = reply_topic
+        self.timeout_s = timeout_s
+        self.physical = runtime.producer.names.physical(reply_topic)
+        self.owned: list[int] = []
+        self._owned_changed = asyncio.Event()
+        self._next = 0
+        self.pending: dict[tuple[str, str, int, int], _Pending] = {}
+
+    def consumer_loop(self, group: str, **kwargs):
+        return self.rt.consumer_loop(group, [self.reply_topic], self.handle_reply, ordering="none",
+                                     fetch_max_wait_ms=self.rt.config.generation.fetch_max_wait_ms,
+                                     on_assign=self.on_assign, on_revoke=self.on_revoke, **kwargs)
+
+    async def on_assign(self, tps: set[TopicPartition]) -> None:
+        self.owned = sorted(set(self.owned) | {tp.partition for tp in tps if tp.topic == self.physical})
+        self._owned_changed.set()
+
+    async def on_revoke(self, tps: set[TopicPartition]) -> None:
+        revoked = {tp.partition for tp in tps if tp.topic == self.physical}
+        self.owned = [p for p in self.owned if p not in revoked]
+        for pending in list(self.pending.values()):
+            if pending.partition in revoked and not pending.future.done():
+                pending.future.set_exception(_Reissue())
+
+    async def handle_reply(self, envelope: Envelope, ctx: MessageContext) -> None:
+        result: GenerationResult = envelope.message
+        pending = self.pending.pop((result.traj_id, result.episode, result.turn, result.attempt), None)
+        if pending is None or pending.future.done():
+            ORPHANS.labels(self.rt.config.job, self.reply_topic).inc()
+            return
+        pending.future.set_result(result)
+
+    async def _partition(self) -> int:
+        deadline = time.monotonic() + self.timeout_s
+        while not self.owned:
+            self._owned_changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoReplyPartition(f"no {self.reply_topic} partition assigned for {self.timeout_s:.0f}s")
+            try:
+                await asyncio.wait_for(self._owned_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        self._next = (self._next + 1) % len(self.owned)
+        return self.owned[self._next]
+
+    async def request(self, build: Callable[[int, int], GenerationRequest]) -> GenerationResult:
+        """Send ``build(reply_partition, attempt)`` and wait for its result (TimeoutError after timeout_s)."""
+        attempt = 0
+        while True:
+            request = build(await self._partition(), attempt)
+            key = (request.traj_id, request.episode, request.turn, request.attempt)
+            future = asyncio.get_running_loop().create_future()
+            self.pending[key] = _Pending(future, request.reply_partition)
+            try:
+                await self.rt.producer.send_and_wait(f"gen.requests.{request.pool}", request, key=request.traj_id)
+                return await asyncio.wait_for(future, self.timeout_s)
+            except _Reissue:
+                attempt += 1
+            except asyncio.TimeoutError:
+                await self.cancel(request)
+                raise
+            except asyncio.CancelledError:
+                await asyncio.shield(self.cancel(request))
+                raise
+            finally:
+                self.pending.pop(key, None)
+
+    async def cancel(self, request: GenerationRequest) -> None:
+        """Best effort: tell the engine to stop; if this fails, the late result is an orphan."""
+        abort = Abort(traj_id=request.traj_id, turn=request.turn, reason="cancelled", group_id=request.group_id,
+                      tag=request.tag, created_at=time.time())
+        try:
+            await self.rt.producer.send(f"gen.requests.{request.pool}", abort, key=request.traj_id)
+        except Exception:  # noqa: BLE001
+            pass
