@@ -1,0 +1,1 @@
+"""Training: objectives, the sample buffer, backends (issue 4)."""
