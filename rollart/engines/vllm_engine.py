@@ -98,9 +98,13 @@ class VLLMEngine:
                                 prompt_tokens=len(request.prompt_ids),
                                 latency_s=time.perf_counter() - started)
 
-    async def abort_trajectory(self, traj_id: str) -> int:
-        """Cancel every request of a trajectory; returns how many were running."""
-        ids = list(self._by_traj.get(traj_id, ()))
+    async def abort_trajectory(self, traj_id: str, episode: str = "") -> int:
+        """Cancel the trajectory's requests of one run (``episode``), or of every run; returns how many.
+
+        Targeting the run matters: a group rerun after a crash reuses trajectory ids, and the dead
+        run's cancellation must not kill the new run's request."""
+        prefix = f"{traj_id}:{episode}:" if episode else ""
+        ids = [rid for rid in self._by_traj.get(traj_id, ()) if rid.startswith(prefix)]
         if ids:
             await self._engine.abort(ids)
         return len(ids)

@@ -108,9 +108,10 @@ class Abort:
     group_id: Name = ""
     tag: Name = ""
     created_at: float = 0.0
+    episode: Name = ""  # on a pool topic: cancel only this run's requests ("" = every run's)
 
     def message_id(self) -> str:
-        return f"abort:{self.traj_id}:{self.turn}"
+        return f"abort:{self.traj_id}:{self.episode}:{self.turn}"
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]

@@ -113,7 +113,7 @@ class ReplyChannel:
     async def cancel(self, request: GenerationRequest) -> None:
         """Best effort: tell the engine to stop; if this fails, the late result is an orphan."""
         abort = Abort(traj_id=request.traj_id, turn=request.turn, reason="cancelled", group_id=request.group_id,
-                      tag=request.tag, created_at=time.time())
+                      tag=request.tag, created_at=time.time(), episode=request.episode)
         try:
             await self.rt.producer.send(f"gen.requests.{request.pool}", abort, key=request.traj_id)
         except Exception:  # noqa: BLE001

@@ -55,7 +55,7 @@ class GenerationStage:
     async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
         message = envelope.message
         if isinstance(message, Abort):
-            if await self.engine.abort_trajectory(message.traj_id):
+            if await self.engine.abort_trajectory(message.traj_id, message.episode):
                 ABORTS.labels(*self.labels).inc()
             return
         assert isinstance(message, GenerationRequest)

@@ -56,7 +56,7 @@ def test_token_arrays_are_packed_bytes_on_the_wire():
 
 def test_message_ids_are_deterministic():
     a = Abort(traj_id="x", turn=3, reason="r")
-    assert a.message_id() == Abort(traj_id="x", turn=3, reason="other").message_id() == "abort:x:3"
+    assert a.message_id() == Abort(traj_id="x", turn=3, reason="other").message_id() == "abort:x::3"
     assert TaskSpec(group_id="g", env="e", tag="t", group_size=1).message_id() == "task:g"
 
 
