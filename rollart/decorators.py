@@ -44,10 +44,6 @@ def register_serverless(*, tag: str, url: str, **options: Any) -> Callable[[T], 
     return register
 
 
-def declared_pool(tag: str) -> str | None:
-    return _POOLS.get(tag)
-
-
 def apply_declarations(config: RollartConfig) -> RollartConfig:
     """The config with declared pools and rewards filled in where the config is silent."""
     tags = dict(config.tags)
@@ -70,5 +66,5 @@ def clear_declarations() -> None:
     _REWARDS.clear()
 
 
-__all__ = ["apply_declarations", "clear_declarations", "declared_pool", "hw_mapping",
+__all__ = ["apply_declarations", "clear_declarations", "hw_mapping",
            "register_serverless"]

@@ -55,16 +55,9 @@ class OffsetTracker:
             if tp in self._parts:
                 self._parts[tp].committed = offset
 
-    def committed_offset(self, tp: TopicPartition) -> int | None:
-        part = self._parts.get(tp)
-        return part.committed if part else None
-
     def forget(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
             self._parts.pop(tp, None)
 
     def in_flight(self) -> int:
         return sum(len(p.pending) for p in self._parts.values())
-
-    def partitions(self) -> list[TopicPartition]:
-        return list(self._parts)

@@ -78,9 +78,3 @@ class BusProducer:
             if not fut.cancelled() and fut.exception() is None:
                 PRODUCED.labels(self.config.job, physical_topic).inc()
         return done
-
-    async def partitions_for(self, topic: str) -> set[int]:
-        return await self._producer.partitions_for(self.names.physical(topic))
-
-    async def flush(self) -> None:
-        await self._producer.flush()

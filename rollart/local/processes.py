@@ -59,14 +59,6 @@ class StageProcesses:
             process.proc.send_signal(sig)
             process.proc.wait()
 
-    def restart(self, name: str) -> StageProcess:
-        process = self.stages[name]
-        self.kill(name)
-        with open(process.log, "ab") as out:
-            process.proc = subprocess.Popen(process.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
-                                            stdin=subprocess.DEVNULL)
-        return process
-
     def failed(self) -> list[str]:
         """Stages that exited with an error (a feeder that released all its groups exits 0)."""
         return [name for name, p in self.stages.items() if p.proc is not None and p.proc.poll() not in (None, 0)]

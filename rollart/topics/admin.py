@@ -87,8 +87,3 @@ async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list
         return [reports[t.name] for t in topics]
     finally:
         await admin.close()
-
-
-async def ensure_topics(config: RollartConfig, endpoints: Endpoints, topics: list[PhysicalTopic]) -> None:
-    """Create just these topics if they are missing (tests, doctor's scratch topic)."""
-    await apply_topics(config, endpoints, topics)
