@@ -152,7 +152,8 @@ class EnvStageConfig(Section):
     reset_timeout_s: float = Field(default=30.0, gt=0)
     step_timeout_s: float = Field(default=30.0, gt=0)
     reset_attempts: int = Field(default=3, ge=1)
-    generation_timeout_s: float = Field(default=120.0, gt=0)
+    generation_timeout_s: float = Field(default=120.0, gt=0)  # from sending a request to its result
+    pool_wait_s: float = Field(default=600.0, ge=0)  # wait this long for any live pool before sending
     # On SIGTERM or revocation, running groups get this long to finish; the rest are cut off and
     # rerun by whoever gets their task next (their task offsets are not committed).
     shutdown_grace_s: float = Field(default=5.0, ge=0)

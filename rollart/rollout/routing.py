@@ -7,6 +7,7 @@ from the pool registry's heartbeats, cached for ``routing.live_check_interval_s`
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from prometheus_client import Counter
@@ -33,13 +34,20 @@ class PoolRouter:
         self._live = {pool: bool(members) for pool, members in live.items()}
         self._checked = time.monotonic()
 
-    async def pool_for(self, tag: str) -> str:
+    async def pool_for(self, tag: str, *, wait_s: float = 0.0) -> str:
+        """The tag's pool if it has live members, else a live pool (counted as a fallback). When no
+        pool is live, wait up to ``wait_s`` for one (engines still loading, a pool restarting) rather
+        than start a generation timeout against nobody; after that, the preferred pool."""
         preferred = self.config.pool_for(tag)
-        await self._refresh()
-        if self._live.get(preferred, False):
-            return preferred
-        for pool in self.config.pools:
-            if self._live.get(pool):
-                FALLBACKS.labels(self.config.job, tag, preferred, pool).inc()
-                return pool
-        return preferred  # nothing is live: queue on the preferred pool until it comes up
+        deadline = time.monotonic() + wait_s
+        while True:
+            await self._refresh()
+            if self._live.get(preferred, False):
+                return preferred
+            for pool in self.config.pools:
+                if self._live.get(pool):
+                    FALLBACKS.labels(self.config.job, tag, preferred, pool).inc()
+                    return pool
+            if time.monotonic() >= deadline:
+                return preferred  # queue on the preferred pool until it comes up
+            await asyncio.sleep(self.config.routing.live_check_interval_s)

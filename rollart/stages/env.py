@@ -210,7 +210,7 @@ class EnvManager:
         sampling = self.config.env.sampling
         params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_tokens=sampling.max_tokens, stop_token_ids=self.chat.stop_token_ids)
-        pool = await self.router.pool_for(task.tag)
+        pool = await self.router.pool_for(task.tag, wait_s=self.config.env.pool_wait_s)
 
         def build(partition: int, attempt: int) -> GenerationRequest:
             return GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,

@@ -29,7 +29,7 @@ async def test_rollout_survives_killed_generation_and_env_consumers(stack, tiny_
                 "commit_interval_s": 0.2},
         "generation": {"max_concurrency": 32, "heartbeat_ttl_s": 2.0},
         "feeder": {"alpha": None, "max_groups": GROUPS, "group_size": GROUP_SIZE, "redundancy": REDUNDANCY},
-        "env": {"max_groups": 3, "generation_timeout_s": 60, "shutdown_grace_s": 1},
+        "env": {"max_groups": 3, "generation_timeout_s": 120, "shutdown_grace_s": 1},
         "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {"fixed_map": False}}},
     }))
     endpoints = Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack")
