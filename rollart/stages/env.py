@@ -108,7 +108,7 @@ class EnvManager:
                     pass
                 await self._emit(self._abort(task, runners[runner], 0, "redundant"), task, ctx)
             return completed
-        except asyncio.CancelledError:  # revoked or shutting down: the task is redelivered and rerun
+        except BaseException:  # revoked, shutting down, or a bug: the task is redelivered (or dead-lettered)
             for runner in runners:
                 if not runner.done():
                     runner.cancel()
