@@ -161,3 +161,24 @@ async def test_trainer_logprobs_match_the_engine_on_rollout_tokens(harness, tiny
     assert mask.sum() > 4
     gap = (trainer[mask] - batch.behaviour_logprobs[mask]).abs().max()
     assert gap < 2e-3, f"engine and trainer disagree by {float(gap)} nats on some token"
+
+
+@pytest.mark.rollout(tags={"frozenlake": GRID})
+async def test_a_task_for_an_unknown_env_is_dead_lettered_and_rollout_goes_on(harness):
+    from rollart.bus.dlq import H_DLQ_ERROR
+    from rollart.bus.reader import read_to_end
+    from rollart.messages import TaskSpec
+
+    bad = TaskSpec(group_id="bad", env="no.such:Env", tag="frozenlake", group_size=2)
+    await harness.rt.producer.send_and_wait("tasks", bad, key="bad")
+    await harness.submit("good", "frozenlake", group_size=2, seed=1)
+    await harness.wait_groups({"good": 2})
+
+    async def dead():
+        records = [r async for r in read_to_end(harness.config, harness.rt.endpoints,
+                                                f"{harness.config.job}.tasks.dlq")]
+        return records or None
+
+    records = await eventually(dead, what="the bad task in tasks.dlq")
+    assert b"cannot import env" in dict(records[0].headers)[H_DLQ_ERROR]
+    assert not harness.ended("bad"), "no trajectory of the bad task was emitted"
