@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import msgspec
+
 from rollart.bus.reader import read_to_end
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
@@ -118,15 +120,6 @@ def to_json(tokenizer, record, message: Any) -> str:
     return json.dumps(out)
 
 
-def _plain(value: Any) -> Any:
-    from dataclasses import fields, is_dataclass
-
-    if is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, PackedArray):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+def _plain(message: Any) -> Any:
+    """Plain JSON-able data; packed arrays become lists of numbers."""
+    return msgspec.to_builtins(message, enc_hook=lambda obj: obj.tolist() if isinstance(obj, PackedArray) else obj)
