@@ -7,8 +7,9 @@ Each is `rollart consume <stage>`; Kubernetes Deployments run these modules. The
 |---|---|---|---|
 | feeder | (producer only) | policy version, admission counters | tasks |
 | env | env, env-actions | tasks, env.actions | gen.requests.<pool>, trajectories.completed |
-| generation | gen-<pool> | gen.requests.<pool> | env.actions (owner's partition) |
+| generation | gen-<pool> | gen.requests.<pool> (+ policy.versions, no group) | env.actions (owner's partition) |
 | reward | reward | trajectories.completed | rewards.results |
+| trainer | trainer | rewards.results | policy.versions (+ weight buckets in Mooncake / fs) |
 """
 
 

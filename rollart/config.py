@@ -79,6 +79,43 @@ class MooncakeConfig(Section):
 class ModelConfig(Section):
     path: Path = Path(".rollart/models/tiny")  # a Hugging Face directory; never downloaded at run time
     init_tiny: bool = True  # create the tiny random model at ``path`` when it does not exist
+    # Supervised steps on random *valid* actions of this env after creating the tiny model: it learns
+    # the answer format only (no task knowledge), so RL starts from a policy that can act.
+    warm_start_steps: int = Field(default=0, ge=0)
+    warm_start_env: str = "frozenlake"
+
+
+class WeightsConfig(Section):
+    """How the trainer hands weights to the generation consumers."""
+
+    transport: Literal["auto", "mooncake", "fs"] = "auto"  # auto: Mooncake when a master is known
+    fs_root: Path | None = None  # fs transport: a directory all stages share (None: $ROLLART_HOME/weights)
+    bucket_bytes: int = Field(default=32 << 20, ge=1 << 16)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class TrainerConfig(Section):
+    backend: Literal["torch", "megatron"] = "torch"
+    device: str | None = None  # None: cuda when available, else cpu
+    lr: float = Field(default=5e-4, gt=0)
+    micro_batch: int = Field(default=16, ge=1)  # trajectories per forward/backward (gradient accumulation)
+    grad_clip: float = Field(default=1.0, gt=0)
+    algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
+    advantage_norm: Literal["group", "group_mean", "batch", "none"] = "group"
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
+    decoupled: bool = True  # AReaL decoupled objective for off-policy (stale) samples
+    importance_cap: float = Field(default=5.0, gt=0)
+    kl_coef: float = Field(default=0.0, ge=0)  # KL to the initial (reference) policy
+    entropy_coef: float = Field(default=0.0, ge=0)
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal before forming a batch
+    samples: Literal["trajectory", "step"] = "trajectory"  # whole-trajectory samples, or one per LLM turn
+    max_steps: int | None = Field(default=None, ge=1)  # stop after this many steps (None: run until stopped)
+    checkpoint_dir: Path = Path(".rollart/checkpoints")
+    checkpoint_every: int = Field(default=1, ge=1)  # steps; samples are committed only once checkpointed
+    capacity_groups: int | None = Field(default=None, ge=1)  # buffer bound; None: (alpha + 2) * groups_per_batch
+    keep_versions: int = Field(default=2, ge=1)  # published versions kept besides any still being pulled
+    seed: int = 0
 
 
 class GenerationConfig(Section):
@@ -91,6 +128,10 @@ class GenerationConfig(Section):
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)
     fetch_max_wait_ms: int = Field(default=5, ge=0)
+    # Requests in flight when new weights load: re-prefill them under the new weights, or keep their KV.
+    on_weight_update: Literal["recompute", "keep"] = "recompute"
+    follow_versions: bool = True  # pull and load each announced version
+    weight_staging_dir: Path | None = None  # None: a temporary directory per consumer
 
 
 class SamplingConfig(Section):
@@ -183,6 +224,8 @@ class RollartConfig(BaseSettings):
     routing: RoutingConfig = RoutingConfig()
     feeder: FeederConfig = FeederConfig()
     env: EnvStageConfig = EnvStageConfig()
+    weights: WeightsConfig = WeightsConfig()
+    trainer: TrainerConfig = TrainerConfig()
     tags: dict[str, TagConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

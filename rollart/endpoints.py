@@ -18,12 +18,19 @@ class Endpoints:
     kafka_bootstrap: str
     redis_url: str
     source: str  # "config", "local stack", or "config + local stack"
+    mooncake_master: str | None = None
+    mooncake_metadata: str | None = None
 
 
 def resolve_endpoints(config: RollartConfig) -> Endpoints:
     bootstrap, redis_url = config.kafka.bootstrap, config.redis.url
+    master, metadata = config.mooncake.master, config.mooncake.metadata_server
     if bootstrap and redis_url:
-        return Endpoints(bootstrap, redis_url, "config")
+        if not (master and metadata):  # the local stack may still hold the Mooncake store
+            state = StackState.read()
+            if state is not None and state.alive() and state.kafka_bootstrap == bootstrap:
+                master, metadata = state.mooncake_master, state.mooncake_metadata
+        return Endpoints(bootstrap, redis_url, "config", master, metadata)
     state = StackState.read()
     if state is not None and not state.alive():
         raise NoEndpointError(
@@ -37,7 +44,8 @@ def resolve_endpoints(config: RollartConfig) -> Endpoints:
             "run `rollart local up`, or set ROLLART_KAFKA_BOOTSTRAP / ROLLART_REDIS_URL"
         )
     source = "local stack" if not (bootstrap or redis_url) else "config + local stack"
-    return Endpoints(bootstrap or state.kafka_bootstrap, redis_url or state.redis_url, source)
+    return Endpoints(bootstrap or state.kafka_bootstrap, redis_url or state.redis_url, source,
+                     master or state.mooncake_master, metadata or state.mooncake_metadata)
 
 
 def kafka_client_kwargs(kafka: KafkaConfig, bootstrap: str) -> dict[str, Any]:

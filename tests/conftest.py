@@ -37,7 +37,8 @@ def stack(tmp_path_factory) -> StackState:
 
 @pytest.fixture(scope="session")
 def endpoints(stack: StackState) -> Endpoints:
-    return Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack")
+    return Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack", stack.mooncake_master,
+                     stack.mooncake_metadata)
 
 
 def make_config(endpoints: Endpoints, **overrides: Any) -> RollartConfig:
@@ -45,6 +46,7 @@ def make_config(endpoints: Endpoints, **overrides: Any) -> RollartConfig:
         "job": f"t{uuid.uuid4().hex[:10]}",
         "kafka": {"bootstrap": endpoints.kafka_bootstrap},
         "redis": {"url": endpoints.redis_url},
+        "mooncake": {"master": endpoints.mooncake_master, "metadata_server": endpoints.mooncake_metadata},
         "bus": {"commit_interval_s": 0.1, "session_timeout_ms": 6000, "heartbeat_interval_ms": 300,
                 "fetch_max_wait_ms": 20, "retry_backoff_s": 0.01, "drain_timeout_s": 5},
     }

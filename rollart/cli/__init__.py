@@ -184,13 +184,15 @@ def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Op
 
 # -- stages ------------------------------------------------------------------------------------------
 
-STAGES = ("feeder", "env", "generation", "reward")
+STAGES = ("feeder", "env", "generation", "reward", "trainer")
 
 
 @app.command("consume")
-def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | generation | reward")],
+def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | generation | reward | trainer")],
                 config: ConfigOption = None,
-                pool: Annotated[Optional[str], typer.Option(help="Generation pool (generation only).")] = None) -> None:
+                pool: Annotated[Optional[str], typer.Option(help="Generation pool (generation only).")] = None,
+                resume: Annotated[bool, typer.Option(help="Trainer: continue from the latest checkpoint.")] = False,
+                ) -> None:
     """Run one member of a stage until SIGTERM."""
     cfg = _config(config)
     if stage not in STAGES:
@@ -199,11 +201,14 @@ def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | genera
     if (stage == "generation") != (pool is not None):
         err_console.print("[red]--pool is required for generation and only for generation[/red]")
         raise typer.Exit(2)
+    if resume and stage != "trainer":
+        err_console.print("[red]--resume is for the trainer only[/red]")
+        raise typer.Exit(2)
     logging.getLogger("rollart").setLevel(logging.INFO)
     from rollart.stages import entry
 
     try:
-        _run(entry(stage, cfg, pool))
+        _run(entry(stage, cfg, pool, resume=resume))
     except ValueError as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
@@ -239,6 +244,43 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
     console.print(f"completed {summary['completed']}, aborted {summary['aborted']}, "
                   f"{summary['tokens_generated']} tokens generated in {summary['elapsed_s']:.1f}s; "
                   f"job {summary['job']}; summary in {out / 'summary.json'}")
+
+
+@app.command("run")
+def run_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML.")],
+            steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 60,
+            out: Annotated[Path, typer.Option(help="Report, checkpoints and logs go here.")] = Path("out/run"),
+            resume: Annotated[bool, typer.Option(help="Continue the run recorded in OUT (needs a persistent "
+                                                      "broker: configured endpoints or `rollart local up`).")] = False,
+            timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 3600.0,
+            env_members: int = 1, gen_members: int = 1) -> None:
+    """Train end to end: every stage as a process; live progress; OUT/report.json and report.png."""
+    from rollart.job.run import RunOptions, run_job
+
+    cfg = _config(config_path)
+
+    def progress(row: dict) -> None:
+        console.print(f"step {row['step']:>4}/{row['target']}  reward {row['reward_mean']:+.3f}  "
+                      f"success {row['success_rate']:>4.0%}  staleness<={row['staleness_max']}  "
+                      f"samples {row['samples']}  train {row['train_s']:.2f}s  wait {row['wait_s']:.2f}s  "
+                      f"trajectories {row['completed']} (aborted {sum(row['aborted'].values())})")
+
+    try:
+        report = _run(run_job(config_path, cfg, RunOptions(steps=steps, out=out, resume=resume, timeout_s=timeout,
+                                                           env_members=env_members, gen_members=gen_members,
+                                                           progress=progress)))
+    except ConfigError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    w = report["weights"]
+    console.print(f"reward {report['reward_first_steps']:+.3f} (first steps) -> {report['reward_last_steps']:+.3f} "
+                  f"(last steps); success {report['success_first_steps']:.0%} -> {report['success_last_steps']:.0%}")
+    console.print(f"{len(report['steps'])} steps in {report['elapsed_s']:.0f}s, {report['tokens_per_s']:.0f} tokens/s, "
+                  f"max staleness {report['staleness_max']} (alpha {report['alpha']}), "
+                  f"duplicates trained {report['trained_duplicates']}; weights via {w['transport']}: publish "
+                  f"{w['publish_s'].get('mean', 0):.3f}s, pull {w['pull_s'].get('mean', 0):.3f}s, "
+                  f"exposed load {w['load_s'].get('mean', 0):.3f}s (means)")
+    console.print(f"report: {out / 'report.json'}, {out / 'report.png'}")
 
 
 @app.command("replay")

@@ -35,7 +35,8 @@ class VLLMEngine:
         args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype, max_model_len=self.config.max_model_len,
                                enforce_eager=True, seed=self.config.seed,
                                gpu_memory_utilization=self.config.gpu_memory_utilization,
-                               max_num_seqs=self.config.max_concurrency)
+                               max_num_seqs=self.config.max_concurrency,
+                               worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
         self._engine = AsyncLLM.from_engine_args(args)
         await self._warm_up()
         return self
@@ -108,6 +109,23 @@ class VLLMEngine:
         if ids:
             await self._engine.abort(ids)
         return len(ids)
+
+    async def load_weights(self, directory: str | Path, version: int) -> float:
+        """Pause, load the staged buckets in ``directory``, resume; returns the exposed pause (s).
+
+        ``generation.on_weight_update``: ``recompute`` clears the KV cache, so requests in flight are
+        re-prefilled under the new weights; ``keep`` keeps their old-weight KV. Either way the requests
+        go on, and tokens sampled after the resume carry the new version."""
+        started = time.perf_counter()
+        await self._engine.pause_generation(mode="keep", clear_cache=self.config.on_weight_update == "recompute")
+        try:
+            loaded = await self._engine.collective_rpc("rollart_load_weights", args=(str(directory),))
+            if not loaded or not all(loaded):
+                raise RuntimeError(f"no tensors loaded from {directory}")
+            self.version = version
+        finally:
+            await self._engine.resume_generation()
+        return time.perf_counter() - started
 
     @property
     def running(self) -> int:

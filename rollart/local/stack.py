@@ -92,9 +92,18 @@ class StackState:
     redis_pid: int | None  # None: an already-running Redis is used, not ours to stop
     log_dir: str
     started_at: float
+    # The Mooncake store (master with its HTTP metadata server, plus one store process holding the
+    # memory); None where mooncake-transfer-engine is not installed.
+    mooncake_master: str | None = None
+    mooncake_metadata: str | None = None
+    mooncake_pids: list[int] | None = None
 
     def alive(self) -> bool:
-        return pid_alive(self.broker_pid) and (self.redis_pid is None or pid_alive(self.redis_pid))
+        return (pid_alive(self.broker_pid) and (self.redis_pid is None or pid_alive(self.redis_pid))
+                and all(pid_alive(p) for p in self.mooncake_pids or ()))
+
+    def pids(self) -> list[int | None]:
+        return [*(self.mooncake_pids or ()), self.broker_pid, self.redis_pid]
 
     @classmethod
     def read(cls, path: Path | None = None) -> "StackState | None":
@@ -151,6 +160,44 @@ def start_redis(log_dir: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
+def mooncake_binaries() -> tuple[str, str] | None:
+    """(mooncake_master, mooncake_client) from the installed wheel, or None."""
+    import shutil
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    found = [shutil.which(name, path=str(bin_dir)) or shutil.which(name) for name in ("mooncake_master",
+                                                                                     "mooncake_client")]
+    return (found[0], found[1]) if all(found) else None
+
+
+def start_mooncake(log_dir: Path, segment: str = "512 MB") -> tuple[list[subprocess.Popen], str, str]:
+    """A Mooncake master (with its HTTP metadata server) and a store process contributing ``segment``
+    of memory, over TCP on loopback. Returns (processes, master address, metadata URL)."""
+    binaries = mooncake_binaries()
+    if binaries is None:
+        raise RuntimeError("mooncake-transfer-engine is not installed (pip install rollart[weights])")
+    master_bin, store_bin = binaries
+    rpc, http, metrics, store_port = free_port(), free_port(), free_port(), free_port()
+    master_log = log_dir / "mooncake-master.log"
+    master = _spawn([master_bin, f"-rpc_port={rpc}", "-rpc_address=127.0.0.1", "-enable_http_metadata_server=true",
+                     "-http_metadata_server_host=127.0.0.1", f"-http_metadata_server_port={http}",
+                     f"-metrics_port={metrics}", "-default_kv_lease_ttl=2000"], master_log)
+    _wait_for_port(rpc, master, "Mooncake master", master_log)
+    _wait_for_port(http, master, "Mooncake metadata server", master_log)
+    address, metadata = f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+    store_log = log_dir / "mooncake-store.log"
+    store = _spawn([store_bin, f"-master_server_address={address}", f"-metadata_server={metadata}",
+                    f"-global_segment_size={segment}", "-local_buffer_size=16 MB", "-host=127.0.0.1",
+                    f"-port={store_port}", "-protocol=tcp"], store_log)
+    try:
+        _wait_for_port(store_port, store, "Mooncake store", store_log)
+    except Exception:
+        stop_pid(master.pid)
+        raise
+    return [master, store], address, metadata
+
+
 def stop_pid(pid: int | None, timeout: float = 5.0) -> None:
     if not pid_alive(pid):
         return
@@ -176,8 +223,9 @@ class LocalStack:
     """Start/stop the embedded services. ``redis_url``: a Redis to use if it answers."""
 
     def __init__(self, log_dir: Path | None = None, redis_url: str | None = DEFAULT_REDIS_URL,
-                 force_embedded_redis: bool = False):
+                 force_embedded_redis: bool = False, mooncake: bool | None = None):
         self.log_dir = Path(log_dir or rollart_home() / "logs")
+        self.mooncake = mooncake_binaries() is not None if mooncake is None else mooncake
         self.redis_url = redis_url
         self.force_embedded_redis = force_embedded_redis
         self.state: StackState | None = None
@@ -195,12 +243,19 @@ class LocalStack:
             redis_pid = redis_proc.pid
         self.state = StackState(kafka_bootstrap=bootstrap, redis_url=redis_url, broker_pid=broker.pid,
                                 redis_pid=redis_pid, log_dir=str(self.log_dir), started_at=time.time())
+        if self.mooncake:
+            try:
+                procs, self.state.mooncake_master, self.state.mooncake_metadata = start_mooncake(self.log_dir)
+            except Exception:
+                self.stop()
+                raise
+            self.state.mooncake_pids = [p.pid for p in procs]
         return self.state
 
     def stop(self) -> None:
         if self.state is not None:
-            stop_pid(self.state.broker_pid)
-            stop_pid(self.state.redis_pid)
+            for pid in self.state.pids():
+                stop_pid(pid)
             self.state = None
 
     def __enter__(self) -> StackState:
@@ -216,8 +271,8 @@ def local_up(redis_url: str | None = DEFAULT_REDIS_URL, force_embedded_redis: bo
     if existing is not None and existing.alive():
         return existing, False
     if existing is not None:  # a stale file from a crashed stack: clean its leftovers
-        stop_pid(existing.broker_pid)
-        stop_pid(existing.redis_pid)
+        for pid in existing.pids():
+            stop_pid(pid)
     state = LocalStack(redis_url=redis_url, force_embedded_redis=force_embedded_redis).start()
     state.write()
     return state, True
@@ -227,7 +282,7 @@ def local_down() -> StackState | None:
     state = StackState.read()
     if state is None:
         return None
-    stop_pid(state.broker_pid)
-    stop_pid(state.redis_pid)
+    for pid in state.pids():
+        stop_pid(pid)
     state_path().unlink(missing_ok=True)
     return state

@@ -69,7 +69,7 @@ class GenerationRequest:
     """Ask a generation pool for the next LLM turn of a trajectory (full token context)."""
 
     KIND: ClassVar[str] = "GenerationRequest"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
 
     traj_id: Id
     turn: NonNegInt
@@ -86,6 +86,9 @@ class GenerationRequest:
     # not be mistaken for the dead run's (which the generation group has already de-duplicated).
     episode: Name = ""
     reply_topic: Name = "env.actions"  # logical topic of the reply (rewards.judge for LLM-judge rewards)
+    # Serve with weights of at least this version (the version the task was admitted under): with
+    # alpha = 0 this makes every turn of the next batch come from the policy just published.
+    min_version: Version = 0
 
     def message_id(self) -> str:
         return f"gen:{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"

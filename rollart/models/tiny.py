@@ -87,5 +87,9 @@ def ensure_model(model_config) -> Path:
         if not (path / "config.json").exists():
             tmp = path.with_name(path.name + ".tmp")
             init_tiny_model(tmp)
+            if model_config.warm_start_steps:
+                from rollart.models.warm_start import warm_start
+
+                warm_start(tmp, model_config.warm_start_env, steps=model_config.warm_start_steps)
             tmp.rename(path)
     return path

@@ -28,15 +28,16 @@ from rollart.topics.admin import apply_topics
 
 
 @contextlib.contextmanager
-def job_endpoints(config: RollartConfig, log_dir: Path):
+def job_endpoints(config: RollartConfig, log_dir: Path, *, mooncake: bool | None = False):
     """Configured/recorded endpoints, or a local stack started for the duration of the run."""
     try:
         yield resolve_endpoints(config)
         return
     except NoEndpointError:
         pass
-    with LocalStack(log_dir=log_dir) as state:
-        yield Endpoints(state.kafka_bootstrap, state.redis_url, "local stack (this run)")
+    with LocalStack(log_dir=log_dir, mooncake=mooncake) as state:
+        yield Endpoints(state.kafka_bootstrap, state.redis_url, "local stack (this run)", state.mooncake_master,
+                        state.mooncake_metadata)
 
 
 def run_config(config: RollartConfig, endpoints: Endpoints, job: str, **updates) -> RollartConfig:

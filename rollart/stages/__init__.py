@@ -15,7 +15,7 @@ def prepare_config(config):
     return apply_declarations(config)
 
 
-async def entry(stage: str, config, pool: str | None = None) -> None:
+async def entry(stage: str, config, pool: str | None = None, *, resume: bool = False) -> None:
     """Run one member of ``stage`` (the body of `rollart consume` and of consumers/*)."""
     config = prepare_config(config)
     if stage == "feeder":
@@ -34,5 +34,9 @@ async def entry(stage: str, config, pool: str | None = None) -> None:
         from rollart.stages.reward import run_reward
 
         await run_reward(config)
+    elif stage == "trainer":
+        from rollart.stages.trainer import run_trainer
+
+        await run_trainer(config, resume=resume)
     else:
         raise ValueError(f"unknown stage {stage!r}")

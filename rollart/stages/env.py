@@ -216,7 +216,7 @@ class EnvManager:
             return GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,
                                      group_id=task.group_id, tag=task.tag, pool=pool, prompt_ids=builder.tokens,
                                      reply_partition=partition, owner=self.member, sampling=params,
-                                     created_at=time.time())
+                                     created_at=time.time(), min_version=task.admitted_version)
 
         started = time.perf_counter()
         try:

@@ -8,6 +8,8 @@ heartbeat into the pool registry so env consumers can route around a pool with n
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
 from dataclasses import replace
@@ -19,6 +21,7 @@ from rollart.config import RollartConfig
 from rollart.messages import Abort, Envelope, GenerationRequest
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import PoolRegistry
+from rollart.weights.follower import WeightFollower
 
 TOKENS = Counter("rollart_generation_tokens_total", "Tokens generated", ("job", "pool"))
 REQUESTS = Counter("rollart_generation_requests_total", "Requests finished, by finish reason",
@@ -38,9 +41,10 @@ def member_id(pool: str) -> str:
 
 
 class GenerationStage:
-    def __init__(self, runtime: Runtime, engine, pool: str, member: str):
+    def __init__(self, runtime: Runtime, engine, pool: str, member: str, follower=None):
         self.runtime = runtime
         self.engine = engine
+        self.follower = follower  # a WeightFollower, or None when the pool serves fixed weights
         self.pool = pool
         self.member = member
         self.labels = (runtime.config.job, pool)
@@ -61,6 +65,8 @@ class GenerationStage:
         assert isinstance(message, GenerationRequest)
         if message.reply_topic not in REPLY_TOPICS:
             raise PermanentError(f"reply_topic {message.reply_topic!r} is not one of {sorted(REPLY_TOPICS)}")
+        if self.follower is not None and message.min_version > self.engine.version:
+            await self.follower.wait_for(message.min_version)
         RUNNING.labels(*self.labels).inc()
         try:
             result = await self.engine.generate(message)
@@ -97,10 +103,19 @@ async def run_generation(config: RollartConfig, pool: str, *, engine=None) -> No
     await engine.start()
     try:
         async with open_runtime(config, client_id=member) as rt:
-            stage = GenerationStage(rt, engine, pool, member)
+            follower = WeightFollower(rt, engine, pool=pool, member=member) if config.generation.follow_versions else None
+            stage = GenerationStage(rt, engine, pool, member, follower)
             loop = generation_loop(rt, stage)
             loop.install_signal_handlers()
-            async with stage.membership():
-                await loop.run()
+            following = asyncio.create_task(follower.run()) if follower else None
+            try:
+                async with stage.membership():
+                    await loop.run()
+            finally:
+                if following is not None:
+                    follower.stop()
+                    following.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await following
     finally:
         engine.shutdown()

@@ -86,12 +86,14 @@ class VersionWriter(VersionStore):
     """The single writer. Bumps are serialised in-process and fenced across processes by a lease."""
 
     def __init__(self, config: RollartConfig, endpoints: Endpoints, redis: Redis, producer: BusProducer,
-                 *, lease_s: float = 30.0):
+                 *, lease_s: float = 30.0, token: str | None = None):
         super().__init__(config, endpoints, redis)
         self.producer = producer
         self.lease_key = f"{config.redis.key_prefix}:{config.job}:policy_version_writer"
         self.lease_ms = int(lease_s * 1000)
-        self.token = uuid.uuid4().hex
+        # A resumed trainer passes the token it held before (kept beside its checkpoints), so the
+        # lease of its own crashed predecessor does not lock it out.
+        self.token = token or uuid.uuid4().hex
         self._lock = asyncio.Lock()
         self._renew = redis.register_script(_RENEW)
 

@@ -34,11 +34,15 @@ class BufferStats:
     duplicates: int = 0
     overflow: int = 0  # members beyond group_size
     evicted_stale_groups: int = 0
+    evicted_full_groups: int = 0  # incomplete groups dropped to make room
+    uninformative_groups: int = 0  # dynamic sampling: all rewards equal
     batches: int = 0
 
 
 class SampleBuffer:
-    def __init__(self, *, group_size: int, groups_per_batch: int, alpha: int, capacity: int | None = None):
+    def __init__(self, *, group_size: int, groups_per_batch: int, alpha: int, capacity: int | None = None,
+                 drop_uninformative: bool = False):
+        self.drop_uninformative = drop_uninformative
         self.group_size = group_size
         self.groups_per_batch = groups_per_batch
         self.alpha = alpha
@@ -69,18 +73,40 @@ class SampleBuffer:
         self.stats.added += 1
         return True
 
-    def evict_stale(self, current_version: int) -> list[str]:
-        stale = [gid for gid, g in self.groups.items() if g.members and current_version - g.start_version > self.alpha]
-        for gid in stale:
-            del self.groups[gid]
+    def evict_stale(self, current_version: int) -> list[Group]:
+        stale = [g for g in self.groups.values() if g.members and current_version - g.start_version > self.alpha]
+        for group in stale:
+            del self.groups[group.group_id]
         self.stats.evicted_stale_groups += len(stale)
         return stale
+
+    def evict_oldest_incomplete(self) -> Group | None:
+        """Make room when the buffer is full of groups that cannot complete (their other members were
+        aborted): without this, no batch forms, the version never advances and nothing goes stale."""
+        for group in self.groups.values():
+            if len(group.members) < self.group_size:
+                del self.groups[group.group_id]
+                self.stats.evicted_full_groups += 1
+                return group
+        return None
+
+    def drop_uninformative_groups(self) -> list[Group]:
+        """Dynamic sampling: remove complete groups whose rewards are all equal (no GRPO signal)."""
+        if not self.drop_uninformative:
+            return []
+        dropped = [g for g in self.complete_groups() if len({round(s.reward, 9) for s in g.members.values()}) == 1]
+        for group in dropped:
+            del self.groups[group.group_id]
+            self.trained.update(group.members)  # consumed: a redelivered copy must not form a new group
+        self.stats.uninformative_groups += len(dropped)
+        return dropped
 
     def complete_groups(self) -> list[Group]:
         return [g for g in self.groups.values() if len(g.members) >= self.group_size]
 
     def take_batch(self, current_version: int) -> list[Group] | None:
-        """The oldest ``groups_per_batch`` complete, fresh groups, or None if there are not enough yet."""
+        """The oldest ``groups_per_batch`` complete, fresh groups, or None if there are not enough yet.
+        Stale groups are evicted first (a caller that must know which calls :meth:`evict_stale` itself)."""
         self.evict_stale(current_version)
         complete = self.complete_groups()
         if len(complete) < self.groups_per_batch:

@@ -29,35 +29,72 @@ class Batch:
     group_ids: list[str]
 
 
-def collate(samples: list[ScoredTrajectory], *, pad_id: int, norm: str = "group") -> Batch:
-    length = max(len(s.trajectory.token_ids) for s in samples)
-    n = len(samples)
+def turn_samples(trajectory) -> list[tuple[int, list[int]]]:
+    """Per-step samples of a multi-turn trajectory: ``[(end, mask)]``, one per LLM turn, each the
+    context up to the end of that turn with the loss mask on that turn's tokens only."""
+    mask = list(trajectory.loss_mask)
+    out, start = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((i, [0] * start + [1] * (i - start)))
+            start = None
+    return out
+
+
+def collate(samples: list[ScoredTrajectory], *, pad_id: int, norm: str = "group", per_step: bool = False) -> Batch:
+    """Pad scored trajectories into a batch; ``per_step`` makes one sample per LLM turn (the
+    trajectory's advantage on each) instead of one whole-trajectory sample."""
+    rows = []  # (token ids, loss mask, behaviour logprobs, sample index)
+    for index, s in enumerate(samples):
+        t = s.trajectory
+        ids = torch.frombuffer(bytearray(t.token_ids), dtype=torch.int32).long()
+        mask = torch.frombuffer(bytearray(t.loss_mask), dtype=torch.uint8).float()
+        logprobs = torch.frombuffer(bytearray(t.logprobs), dtype=torch.float32)
+        if per_step:
+            for end, turn_mask in turn_samples(t):
+                rows.append((ids[:end], torch.tensor(turn_mask, dtype=torch.float32), logprobs[:end], index))
+        else:
+            rows.append((ids, mask, logprobs, index))
+    length = max(len(r[0]) for r in rows)
+    n = len(rows)
     ids = torch.full((n, length), pad_id, dtype=torch.long)
     attention = torch.zeros((n, length), dtype=torch.long)
     mask = torch.zeros((n, length), dtype=torch.float32)
     behaviour = torch.zeros((n, length), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        t = s.trajectory
-        k = len(t.token_ids)
-        ids[i, :k] = torch.frombuffer(bytearray(t.token_ids), dtype=torch.int32).long()
+    for i, (row_ids, row_mask, row_logprobs, _) in enumerate(rows):
+        k = len(row_ids)
+        ids[i, :k] = row_ids
         attention[i, :k] = 1
-        mask[i, :k] = torch.frombuffer(bytearray(t.loss_mask), dtype=torch.uint8).float()
-        behaviour[i, :k] = torch.frombuffer(bytearray(t.logprobs), dtype=torch.float32)
+        mask[i, :k] = row_mask
+        behaviour[i, :k] = row_logprobs
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     group_ids = [s.trajectory.group_id for s in samples]
-    return Batch(ids, attention, mask[:, 1:], behaviour[:, 1:], group_advantages(rewards, group_ids, norm),
-                 rewards, group_ids)
+    advantages = group_advantages(rewards, group_ids, norm)
+    index = torch.tensor([r[3] for r in rows], dtype=torch.long)
+    return Batch(ids, attention, mask[:, 1:], behaviour[:, 1:], advantages[index], rewards[index],
+                 [group_ids[i] for i in index.tolist()])
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(token t+1 | tokens <= t) for every position: ``[B, L-1]``."""
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log p(token t+1 | tokens <= t) for every position: ``[B, L-1]`` (and the entropy there)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return picked
+    return picked, -(log_probs.exp() * log_probs).sum(-1)
 
 
 class TorchBackend:
+    """One optimiser step per batch. With one step per batch the proximal policy of the decoupled
+    objective is the current weights before the step, so its logprobs are the forward pass's own,
+    detached: the clip is then inactive and ``exp(proximal - behaviour)`` corrects for staleness."""
+
     def __init__(self, model_path: str | Path, *, lr: float = 5e-4, micro_batch: int = 8,
-                 device: str | None = None, loss: PolicyLossConfig | None = None):
+                 device: str | None = None, loss: PolicyLossConfig | None = None, grad_clip: float = 1.0):
         from transformers import AutoModelForCausalLM
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -66,7 +103,33 @@ class TorchBackend:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.micro_batch = micro_batch
         self.loss_cfg = loss or PolicyLossConfig()
+        self.grad_clip = grad_clip
+        self.reference = None
+        if self.loss_cfg.kl_coef:
+            self.reference = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch.float32)
+            self.reference.to(self.device).eval().requires_grad_(False)
         self.step = 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def _micro_loss(self, batch: Batch, part: slice) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        ids = batch.input_ids[part].to(self.device)
+        attention = batch.attention_mask[part].to(self.device)
+        mask = batch.loss_mask[part].to(self.device)
+        cfg = self.loss_cfg
+        logprobs, entropy = token_logprobs(self.model, ids, attention, with_entropy=True)
+        behaviour = batch.behaviour_logprobs[part].to(self.device)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = token_logprobs(self.reference, ids, attention)
+        old = logprobs.detach() if cfg.decoupled else behaviour
+        loss, metrics = policy_loss(logprobs, old, batch.advantages[part].to(self.device), mask, cfg,
+                                    behaviour_logprobs=behaviour, ref_logprobs=ref,
+                                    entropy=entropy if cfg.entropy_coef else None)
+        metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
+        return loss, metrics, mask
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimiser step over the batch (micro-batched); returns averaged metrics."""
@@ -75,16 +138,12 @@ class TorchBackend:
         metrics: dict[str, float] = {}
         for start in range(0, batch.input_ids.shape[0], self.micro_batch):
             part = slice(start, start + self.micro_batch)
-            ids = batch.input_ids[part].to(self.device)
-            mask = batch.loss_mask[part].to(self.device)
-            logprobs = token_logprobs(self.model, ids, batch.attention_mask[part].to(self.device))
-            behaviour = batch.behaviour_logprobs[part].to(self.device)
-            loss, m = policy_loss(logprobs, behaviour, batch.advantages[part].to(self.device), mask, self.loss_cfg)
+            loss, m, mask = self._micro_loss(batch, part)
             share = float(mask.sum()) / total_tokens
             (loss * share).backward()
             for key, value in m.items():
                 metrics[key] = metrics.get(key, 0.0) + value * share
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         self.optimizer.step()
         self.step += 1
         return metrics
@@ -92,6 +151,7 @@ class TorchBackend:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        # Model, optimizer and step; the trainer stage adds its own state (version, trained ids) beside.
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
                    directory / "trainer.pt")
 

@@ -1,0 +1,1 @@
+"""The main job: ``rollart run`` (all stages as processes, supervised) and its report."""

@@ -1,0 +1,99 @@
+"""The run report: ``report.json`` (per-step figures and run totals) and ``report.png``.
+
+Built from the trainer's record (``record.jsonl``: one row per step, one per weight publication),
+the generation consumers' weight-load log (pull and exposed-pause seconds per version) and the run
+monitor's counts of completed and aborted trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from statistics import mean
+
+STEP_FIELDS = ("step", "trained_version", "reward_mean", "success_rate", "staleness_max", "staleness_mean",
+               "samples", "groups", "tokens", "turns_mean", "wait_s", "train_s", "buffer_groups", "time")
+
+
+def _summary(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+    return {"count": len(values), "mean": round(mean(values), 6), "p50": round(ordered[len(ordered) // 2], 6),
+            "max": round(ordered[-1], 6), "total": round(sum(values), 6)}
+
+
+def build_report(*, job: str, alpha: int, record: list[dict], loads: list[dict], monitor: dict,
+                 started_at: float, finished_at: float, restarts: dict[str, int]) -> dict:
+    rows = [r for r in record if "event" not in r]
+    publishes = [r for r in record if r.get("event") == "publish"]
+    trained = Counter(i for r in rows for i in r.get("traj_ids", ()))
+    publish_by_step = {p["step"]: p["publish_s"] for p in publishes}
+    steps = [{**{k: r.get(k) for k in STEP_FIELDS}, "publish_s": publish_by_step.get(r["step"])} for r in rows]
+    elapsed = max(finished_at - started_at, 1e-9)
+    k = max(1, len(steps) // 5)
+    first, last = steps[:k], steps[-k:]
+    return {
+        "job": job,
+        "alpha": alpha,
+        "steps": steps,
+        "trained_duplicates": sum(n - 1 for n in trained.values() if n > 1),
+        "trained_trajectories": len(trained),
+        "staleness_max": max((s["staleness_max"] for s in steps), default=0),
+        "reward_first_steps": round(mean(s["reward_mean"] for s in first), 6) if steps else None,
+        "reward_last_steps": round(mean(s["reward_mean"] for s in last), 6) if steps else None,
+        "success_first_steps": round(mean(s["success_rate"] for s in first), 6) if steps else None,
+        "success_last_steps": round(mean(s["success_rate"] for s in last), 6) if steps else None,
+        "trajectories": {"completed": monitor.get("completed", 0), "aborted": monitor.get("aborted", {})},
+        "tokens_generated": monitor.get("tokens", 0),
+        "tokens_per_s": round(monitor.get("tokens", 0) / elapsed, 3),
+        "trajectories_per_s": round(monitor.get("completed", 0) / elapsed, 3),
+        "elapsed_s": round(elapsed, 3),
+        "step_time_split_s": {phase: _summary([s[f"{phase}_s"] for s in steps if s.get(f"{phase}_s") is not None])
+                              for phase in ("wait", "train", "publish")},
+        "weights": {
+            "transport": publishes[-1]["transport"] if publishes else None,
+            "bytes": publishes[-1]["bytes"] if publishes else 0,
+            "publish_s": _summary([p["publish_s"] for p in publishes]),
+            "pull_s": _summary([x["pull_s"] for x in loads]),
+            "load_s": _summary([x["load_s"] for x in loads]),
+            "versions_loaded": len(loads),
+        },
+        "restarts": restarts,
+    }
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    try:
+        plot_report(report, out / "report.png")
+    except ImportError:  # matplotlib is the `report` extra
+        pass
+
+
+def plot_report(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = report["steps"]
+    x = [s["step"] for s in steps]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    top.plot(x, [s["reward_mean"] for s in steps], label="reward (batch mean)")
+    top.plot(x, [s["success_rate"] for s in steps], label="success rate", alpha=0.7)
+    top.set_ylabel("reward / success")
+    top.set_title(f"{report['job']}  alpha={report['alpha']}  {report['tokens_per_s']:.0f} tokens/s")
+    top.legend(loc="lower right")
+    top.grid(alpha=0.3)
+    for phase in ("wait", "train", "publish"):
+        bottom.plot(x, [s.get(f"{phase}_s") or 0.0 for s in steps], label=f"{phase} s")
+    bottom.set_xlabel("training step")
+    bottom.set_ylabel("seconds per step")
+    bottom.legend(loc="upper right")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

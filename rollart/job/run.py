@@ -1,0 +1,171 @@
+"""``rollart run CONFIG``: a whole training job on this machine, every stage its own process.
+
+The local stack (broker, Redis, Mooncake store) is started for the run unless endpoints are
+configured; the job gets a fresh name (its topics and state never mix with an earlier run's);
+generation consumers, env consumers, the reward stage, the trainer and the feeder start as
+processes. The runner supervises them as Kubernetes would: a stage that dies is restarted (the
+trainer with ``--resume``, from its last checkpoint). A monitor counts completed and aborted
+trajectories; live progress comes from the trainer's record. When the trainer has done the asked
+number of steps, the stages are stopped and ``report.json`` / ``report.png`` are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rollart.config import ConfigError, RollartConfig
+from rollart.job.report import build_report, write_report
+from rollart.local.processes import StageProcesses
+from rollart.messages import Abort, CompletedTrajectory, Envelope
+from rollart.models.tiny import ensure_model
+from rollart.rollout.runner import job_endpoints, run_config
+from rollart.runtime import open_runtime
+from rollart.stages.trainer import trainer_alpha
+from rollart.topics.admin import apply_topics
+from rollart.training.checkpoint import CheckpointStore
+from rollart.weights.follower import loads_key
+
+
+@dataclass
+class Monitor:
+    """Counts what the env stage reports on ``trajectories.completed`` (first copy of each id)."""
+
+    completed: set[str] = field(default_factory=set)
+    aborted: Counter = field(default_factory=Counter)
+    aborted_ids: set[str] = field(default_factory=set)
+    tokens: int = 0
+
+    async def handle(self, envelope: Envelope, ctx) -> None:
+        message = envelope.message
+        if isinstance(message, CompletedTrajectory) and message.traj_id not in self.completed:
+            self.completed.add(message.traj_id)
+            self.tokens += sum(message.loss_mask)
+        elif isinstance(message, Abort) and message.traj_id not in self.aborted_ids:
+            self.aborted_ids.add(message.traj_id)
+            self.aborted[message.reason] += 1
+
+    def summary(self) -> dict:
+        return {"completed": len(self.completed), "aborted": dict(self.aborted), "tokens": self.tokens}
+
+
+@dataclass
+class RunOptions:
+    steps: int
+    out: Path
+    resume: bool = False
+    timeout_s: float = 3600.0
+    env_members: int = 1
+    gen_members: int = 1
+    max_restarts: int = 5
+    progress: Callable[[dict], None] | None = None
+
+
+def _job_name(config: RollartConfig, opts: RunOptions) -> str:
+    state = opts.out / "run.json"
+    if opts.resume:
+        try:
+            return json.loads(state.read_text())["job"]
+        except (OSError, ValueError, KeyError):
+            raise ConfigError(f"--resume: {state} does not name a run to continue") from None
+    return f"{config.job}-{uuid.uuid4().hex[:6]}"
+
+
+def start_stages(procs: StageProcesses, cfg: RollartConfig, opts: RunOptions) -> None:
+    for pool in cfg.pools:
+        for i in range(opts.gen_members):
+            procs.start(f"gen-{pool}-{i}", "generation", "--pool", pool)
+    for i in range(opts.env_members):
+        procs.start(f"env-{i}", "env")
+    procs.start("reward-0", "reward")
+    procs.start("trainer", "trainer", *(["--resume"] if opts.resume else []))
+    procs.start("feeder", "feeder")
+
+
+def supervise(procs: StageProcesses, restarts: Counter, opts: RunOptions) -> None:
+    """Restart stages that died (the trainer from its checkpoint); give up after max_restarts."""
+    for name in procs.failed():
+        if restarts[name] >= opts.max_restarts:
+            raise RuntimeError(f"stage {name} failed {restarts[name] + 1} times; last log lines:\n" + procs.tail(name))
+        restarts[name] += 1
+        process = procs.stages[name]
+        argv = process.argv[process.argv.index("consume") + 1:]
+        argv = [a for a in argv if a not in ("--config", str(procs.config_path))]
+        if name == "trainer" and "--resume" not in argv:
+            argv.append("--resume")
+        procs.start(name, *argv)
+
+
+async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) -> dict:
+    alpha = trainer_alpha(config)
+    out = opts.out
+    out.mkdir(parents=True, exist_ok=True)
+    job = _job_name(config, opts)
+    checkpoints = CheckpointStore(out / "checkpoints")
+    if not opts.resume:
+        shutil.rmtree(checkpoints.root, ignore_errors=True)
+    (out / "run.json").write_text(json.dumps({"job": job, "config": str(config_path), "steps": opts.steps}))
+    await asyncio.to_thread(ensure_model, config.model)  # once (with its warm start), before the stages race
+    with job_endpoints(config, out / "stack", mooncake=None) as endpoints:
+        cfg = run_config(config, endpoints, job)
+        await apply_topics(cfg, endpoints)
+        procs = StageProcesses(config_path, endpoints, job, out / "logs", extra_env={
+            "ROLLART_TRAINER_CHECKPOINT_DIR": str(checkpoints.root),
+            "ROLLART_TRAINER_MAX_STEPS": str(opts.steps),
+            "ROLLART_WEIGHTS_FS_ROOT": str(out / "weights"),
+        })
+        monitor, restarts = Monitor(), Counter()
+        started = time.time()
+        try:
+            start_stages(procs, cfg, opts)
+            await _follow(cfg, procs, monitor, checkpoints, restarts, opts)
+        finally:
+            procs.stop_all()
+        loads = await _weight_loads(cfg)
+    report = build_report(job=job, alpha=alpha, record=checkpoints.read_record(), loads=loads,
+                          monitor=monitor.summary(), started_at=started, finished_at=time.time(),
+                          restarts=dict(restarts))
+    write_report(report, out)
+    return report
+
+
+async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, checkpoints: CheckpointStore,
+                  restarts: Counter, opts: RunOptions) -> None:
+    async with open_runtime(cfg, client_id="run-monitor", serve=False) as rt:
+        loop = rt.consumer_loop("run-monitor", ["trajectories.completed"], monitor.handle, ordering="none",
+                                dedup=False)
+        runner = asyncio.create_task(loop.run())
+        deadline = time.monotonic() + opts.timeout_s
+        shown = 0
+        try:
+            while True:
+                rows = [r for r in checkpoints.read_record() if "event" not in r]
+                for row in rows[shown:]:
+                    if opts.progress is not None:
+                        opts.progress({**row, "target": opts.steps, **monitor.summary()})
+                shown = len(rows)
+                trainer = procs.stages["trainer"]
+                if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
+                    return
+                supervise(procs, restarts, opts)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{shown} of {opts.steps} steps in {opts.timeout_s:.0f}s")
+                await asyncio.sleep(0.5)
+        finally:
+            loop.stop()
+            with contextlib.suppress(Exception):
+                await runner
+
+
+async def _weight_loads(cfg: RollartConfig) -> list[dict]:
+    async with open_runtime(cfg, client_id="run-report", serve=False) as rt:
+        raw = await rt.redis.lrange(loads_key(cfg.redis.key_prefix, cfg.job), 0, -1)
+    return [json.loads(x) for x in raw]

@@ -1,0 +1,325 @@
+"""The trainer stage: scored trajectories → sample buffer → training steps → published versions.
+
+The trainer consumes ``rewards.results`` with a handler that does not return until its sample is
+settled: trained and checkpointed, or dropped (duplicate, stale, unusable). The consumer loop only
+commits offsets of settled messages, so the committed offsets never pass a sample that a crash
+could lose, and ``max_in_flight`` (the buffer's capacity in trajectories) is the backpressure: when
+the trainer is slower than rollout, the loop pauses its partitions instead of growing the buffer.
+
+A training step: take a batch of complete, fresh groups (stale ones evicted first, alpha bound)
+→ train (in a thread; consumption goes on) → record and checkpoint (model, optimizer, step,
+version, recently trained ids) → settle the samples → publish the weights in buckets → bump the
+version in Redis and announce it on ``policy.versions`` → collect old versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from rollart.bus import MessageContext
+from rollart.config import ConfigError, RollartConfig
+from rollart.messages import Envelope, ScoredTrajectory
+from rollart.runtime import Runtime, open_runtime
+from rollart.state import VersionWriter
+from rollart.training.algorithms import PolicyLossConfig
+from rollart.training.buffer import Group, SampleBuffer
+from rollart.training.checkpoint import CheckpointStore, TrainerState
+from rollart.weights import WeightPublisher, make_transport
+from rollart.weights.follower import pulling_key
+
+log = logging.getLogger(__name__)
+
+STEPS = Counter("rollart_trainer_steps_total", "Training steps", ("job",))
+SAMPLES = Counter("rollart_trainer_samples_total", "Trajectories trained on", ("job",))
+DROPPED = Counter("rollart_trainer_dropped_total", "Scored trajectories not trained, by reason", ("job", "reason"))
+STEP_SECONDS = Histogram("rollart_trainer_step_phase_seconds", "Time per training-step phase", ("job", "phase"),
+                         buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+STALENESS = Histogram("rollart_trainer_sample_staleness_versions", "Policy versions between a sample's oldest "
+                      "token and the weights it was trained on", ("job",), buckets=(0, 1, 2, 3, 4, 6, 8, 16))
+BUFFER_GROUPS = Gauge("rollart_trainer_buffer_groups", "Task groups held in the sample buffer", ("job",))
+REWARD = Gauge("rollart_trainer_batch_reward_mean", "Mean reward of the last trained batch", ("job",))
+VERSION = Gauge("rollart_trainer_policy_version", "Policy version last published", ("job",))
+PUBLISH_SECONDS = Histogram("rollart_trainer_weight_publish_seconds", "Writing one version's buckets",
+                            ("job", "transport"), buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+
+RECENT_STEPS_KEPT = 64  # steps whose trained ids the checkpoint keeps (redelivery happens within seconds)
+
+
+def loss_config(config: RollartConfig) -> PolicyLossConfig:
+    t = config.trainer
+    return PolicyLossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, decoupled=t.decoupled,
+                            importance_cap=t.importance_cap, kl_coef=t.kl_coef, entropy_coef=t.entropy_coef)
+
+
+def trainer_alpha(config: RollartConfig) -> int:
+    if config.feeder.alpha is None:
+        raise ConfigError("feeder.alpha: a trainer needs a staleness bound (0 = synchronous); it is null")
+    return config.feeder.alpha
+
+
+class TrainerStage:
+    def __init__(self, rt: Runtime, backend, checkpoints: CheckpointStore, publisher: WeightPublisher,
+                 writer: VersionWriter, *, pad_id: int, state: TrainerState | None = None):
+        self.rt = rt
+        self.config = rt.config
+        cfg = self.config
+        self.backend = backend
+        self.checkpoints = checkpoints
+        self.publisher = publisher
+        self.writer = writer
+        self.pad_id = pad_id
+        self.state = state or TrainerState()
+        self.version = self.state.version
+        self.buffer = SampleBuffer(group_size=cfg.feeder.group_size, groups_per_batch=cfg.feeder.groups_per_batch,
+                                   alpha=trainer_alpha(cfg), capacity=cfg.trainer.capacity_groups,
+                                   drop_uninformative=cfg.trainer.dynamic_sampling)
+        self.buffer.trained.update(self.state.trained_ids)
+        self.recent: deque[list[str]] = deque([self.state.trained_ids], maxlen=RECENT_STEPS_KEPT)
+        self.offsets: dict[str, int] = dict(self.state.offsets)
+        self.waiting: dict[str, tuple[asyncio.Future, str, int]] = {}  # traj id -> (settled, "topic:partition", offset)
+        self.arrived = asyncio.Event()
+        self.labels = (cfg.job,)
+        self.max_in_flight = self.buffer.capacity * cfg.feeder.group_size
+
+    # -- the handler ----------------------------------------------------------------------------
+
+    async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
+        scored = envelope.message
+        assert isinstance(scored, ScoredTrajectory)
+        if not self.buffer.add(scored):
+            DROPPED.labels(*self.labels, "duplicate_or_overflow").inc()
+            return
+        settled = asyncio.get_running_loop().create_future()
+        self.waiting[scored.trajectory.traj_id] = (settled, f"{ctx.record.topic}:{ctx.record.partition}",
+                                                   ctx.record.offset)
+        BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
+        self.arrived.set()
+        await settled
+
+    def _settle(self, groups: list[Group], reason: str | None) -> None:
+        for group in groups:
+            for traj_id in group.members:
+                entry = self.waiting.pop(traj_id, None)
+                if entry is None:
+                    continue
+                future, where, offset = entry
+                if reason is not None:
+                    DROPPED.labels(*self.labels, reason).inc()
+                else:
+                    self.offsets[where] = max(self.offsets.get(where, 0), offset + 1)
+                if not future.done():
+                    future.set_result(None)
+        BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
+
+    # -- the training loop ----------------------------------------------------------------------
+
+    async def next_batch(self, stop: asyncio.Event) -> list[Group] | None:
+        while not stop.is_set():
+            self._settle(self.buffer.evict_stale(self.version), "stale")
+            self._settle(self.buffer.drop_uninformative_groups(), "uninformative")
+            batch = self.buffer.take_batch(self.version)
+            if batch is not None:
+                return batch
+            if len(self.waiting) >= self.max_in_flight:
+                group = self.buffer.evict_oldest_incomplete()
+                if group is not None:
+                    self._settle([group], "incomplete_group")
+                    continue
+            self.arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), 0.5)
+        return None
+
+    async def run(self, stop: asyncio.Event, max_steps: int | None = None) -> None:
+        await self.ensure_published()
+        while not stop.is_set() and (max_steps is None or self.state.step < max_steps):
+            waited = time.perf_counter()
+            batch = await self.next_batch(stop)
+            if batch is None:
+                return
+            await self.train_on(batch, wait_s=time.perf_counter() - waited)
+
+    async def ensure_published(self) -> None:
+        """On start: make the log's version match these weights (a resumed trainer whose last step was
+        checkpointed but not announced, or a log that ran ahead of the checkpoint, publishes now)."""
+        latest = await self.writer.current()
+        if self.state.step == 0 and latest == 0:
+            return  # the initial weights are the model directory every engine starts from
+        if latest != self.state.version:
+            await self.publish(step=self.state.step)
+        VERSION.labels(*self.labels).set(self.version)
+
+    async def train_on(self, groups: list[Group], *, wait_s: float) -> dict:
+        from rollart.training.torch_backend import collate
+
+        cfg = self.config.trainer
+        samples = [s for g in groups for s in g.members.values()]
+        staleness = [self.version - s.trajectory.start_version for s in samples]
+        started = time.perf_counter()
+        batch = collate(samples, pad_id=self.pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step")
+        metrics = await asyncio.to_thread(self.backend.train_step, batch)
+        train_s = time.perf_counter() - started
+        self.state.step += 1
+        trained_ids = [s.trajectory.traj_id for s in samples]
+        self.recent.append(trained_ids)
+        row = self._record_row(samples, staleness, metrics, wait_s=wait_s, train_s=train_s)
+        self.checkpoints.append_record(row)  # before the checkpoint: a resume cuts rows it does not cover
+        started = time.perf_counter()
+        if self.state.step % cfg.checkpoint_every == 0 or (cfg.max_steps and self.state.step >= cfg.max_steps):
+            await self.checkpoint()
+        checkpoint_s = time.perf_counter() - started
+        self._settle(groups, None)
+        publish_s = await self.publish(step=self.state.step)
+        for phase, seconds in (("wait", wait_s), ("train", train_s), ("checkpoint", checkpoint_s),
+                               ("publish", publish_s)):
+            STEP_SECONDS.labels(*self.labels, phase).observe(seconds)
+        STEPS.labels(*self.labels).inc()
+        SAMPLES.labels(*self.labels).inc(len(samples))
+        REWARD.labels(*self.labels).set(row["reward_mean"])
+        for value in staleness:
+            STALENESS.labels(*self.labels).observe(value)
+        log.info("step %d: reward %.3f success %.2f staleness<=%d version %d (%.2fs train)", self.state.step,
+                 row["reward_mean"], row["success_rate"], row["staleness_max"], self.version, train_s)
+        return row
+
+    def _record_row(self, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict, *,
+                    wait_s: float, train_s: float) -> dict:
+        rewards = [s.reward for s in samples]
+        return {
+            "step": self.state.step, "trained_version": self.version, "time": time.time(),
+            "samples": len(samples), "groups": len({s.trajectory.group_id for s in samples}),
+            "reward_mean": sum(rewards) / len(rewards),
+            "success_rate": sum(s.trajectory.metrics.get("success", 0.0) for s in samples) / len(samples),
+            "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+            "tokens": int(sum(sum(s.trajectory.loss_mask) for s in samples)),
+            "turns_mean": sum(s.trajectory.turns for s in samples) / len(samples),
+            "traj_ids": [s.trajectory.traj_id for s in samples],
+            "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
+            "buffer_groups": len(self.buffer), "dropped": dict(self._dropped()),
+            "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
+        }
+
+    def _dropped(self) -> dict[str, int]:
+        st = self.buffer.stats
+        return {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,
+                "incomplete_groups": st.evicted_full_groups, "uninformative_groups": st.uninformative_groups}
+
+    async def checkpoint(self) -> None:
+        self.state.trained_ids = [i for ids in self.recent for i in ids]
+        self.state.offsets = dict(self.offsets)
+        self.state.version = self.version + 1  # what these weights are about to be announced as
+        await asyncio.to_thread(self.checkpoints.save, self.backend, self.state)
+
+    async def publish(self, *, step: int) -> float:
+        """Write the current weights, bump and announce the version; returns the publish seconds."""
+        started = time.perf_counter()
+        latest = await self.writer.current()
+        manifest, put_s = await asyncio.to_thread(self.publisher.publish, latest + 1, self.backend.state_dict())
+        announcement = await self.writer.bump(step=step, manifest=manifest)
+        self.version = announcement.version
+        self.state.version = self.version
+        PUBLISH_SECONDS.labels(self.config.job, manifest.transport).observe(put_s)
+        VERSION.labels(*self.labels).set(self.version)
+        await self.collect_versions()
+        elapsed = time.perf_counter() - started
+        self.checkpoints.append_record({"event": "publish", "step": step, "version": self.version,
+                                        "publish_s": round(elapsed, 6), "put_s": round(put_s, 6),
+                                        "bytes": manifest.total_bytes, "transport": manifest.transport,
+                                        "time": time.time()})
+        return elapsed
+
+    async def collect_versions(self) -> None:
+        """Remove versions no generation consumer can still need: below both the last
+        ``keep_versions`` and every version a consumer is pulling right now."""
+        prefix, job = self.config.redis.key_prefix, self.config.job
+        keep_from = self.version - self.config.trainer.keep_versions + 1
+        async for key in self.rt.redis.scan_iter(match=pulling_key(prefix, job)):
+            raw = await self.rt.redis.get(key)
+            if raw is not None:
+                keep_from = min(keep_from, int(raw))
+        await asyncio.to_thread(self.publisher.collect, keep_from)
+
+
+def trainer_loop(rt: Runtime, stage: TrainerStage):
+    # Every buffered sample is in flight until settled: max_in_flight is the buffer bound.
+    return rt.consumer_loop("trainer", ["rewards.results"], stage.handle, ordering="none", dedup=False,
+                            max_in_flight=stage.max_in_flight, drain_timeout_s=0.0)
+
+
+def build_backend(config: RollartConfig):
+    from rollart.models.tiny import ensure_model
+
+    t = config.trainer
+    if t.backend != "torch":
+        raise ConfigError(f"trainer.backend: {t.backend!r} is not available in this build (only 'torch')")
+    import torch
+
+    from rollart.training.torch_backend import TorchBackend
+
+    torch.manual_seed(t.seed)
+    return TorchBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch, device=t.device,
+                        loss=loss_config(config), grad_clip=t.grad_clip)
+
+
+def writer_token(checkpoints: CheckpointStore, resume: bool) -> str:
+    import uuid
+
+    path = checkpoints.root / "writer.token"
+    if resume and path.exists():
+        return path.read_text().strip()
+    checkpoints.root.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex
+    path.write_text(token)
+    return token
+
+
+async def run_trainer(config: RollartConfig, *, resume: bool = False) -> None:
+    """Run the trainer until ``trainer.max_steps`` or SIGTERM; ``resume`` continues from the latest
+    checkpoint in ``trainer.checkpoint_dir``."""
+    import signal
+
+    from transformers import AutoTokenizer
+
+    trainer_alpha(config)
+    checkpoints = CheckpointStore(Path(config.trainer.checkpoint_dir))
+    if not resume and checkpoints.latest() is not None:
+        raise ConfigError(f"trainer.checkpoint_dir {checkpoints.root} already holds a checkpoint: pass --resume "
+                          "to continue it, or point the trainer at an empty directory")
+    backend = await asyncio.to_thread(build_backend, config)
+    state = await asyncio.to_thread(checkpoints.load, backend) if resume else None
+    if state is not None:
+        checkpoints.truncate_record(state.step)
+        log.info("resumed from step %d (version %d)", state.step, state.version)
+    pad_id = AutoTokenizer.from_pretrained(str(config.model.path)).pad_token_id
+    async with open_runtime(config, client_id="trainer") as rt:
+        transport = await asyncio.to_thread(make_transport, config.weights, rt.endpoints)
+        publisher = WeightPublisher(transport, config.job, bucket_bytes=config.weights.bucket_bytes,
+                                    dtype=config.weights.dtype)
+        writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer,
+                               token=writer_token(checkpoints, resume))
+        await writer.acquire()
+        stage = TrainerStage(rt, backend, checkpoints, publisher, writer, pad_id=pad_id, state=state)
+        loop = trainer_loop(rt, stage)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        consuming = asyncio.create_task(loop.run())
+        training = asyncio.create_task(stage.run(stop, config.trainer.max_steps))
+        try:
+            await asyncio.wait({consuming, training, asyncio.create_task(stop.wait())},
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.set()
+            loop.stop()
+            for task in (training, consuming):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await writer.release()
+            transport.close()

@@ -1,0 +1,160 @@
+"""A generation consumer follows ``policy.versions``: pull in the background, then a short load.
+
+The follower reads the compacted announcement topic outside any consumer group (every member needs
+every announcement). For the newest version it has not loaded, it pulls the buckets into a local
+staging directory while the engine keeps generating, then calls the engine's ``load_weights``
+(pause → load → resume). Announcements that arrive during a pull are not queued: the next pull
+takes the newest. The pull and the exposed pause are timed separately (metrics and a per-job Redis
+list the run report reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+from prometheus_client import Gauge, Histogram
+
+from rollart.endpoints import kafka_client_kwargs
+from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement
+from rollart.weights.publish import pull_version
+from rollart.weights.transport import make_transport
+
+log = logging.getLogger(__name__)
+
+_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+PULL_SECONDS = Histogram("rollart_generation_weight_pull_seconds",
+                         "Background pull of one version's buckets into local staging", ("job", "pool"),
+                         buckets=_BUCKETS)
+LOAD_SECONDS = Histogram("rollart_generation_weight_load_seconds",
+                         "Exposed engine pause to load one version (pause, load, resume)", ("job", "pool"),
+                         buckets=_BUCKETS)
+LOADED_VERSION = Gauge("rollart_generation_policy_version", "Policy version the engine holds", ("job", "pool"))
+
+
+def loads_key(prefix: str, job: str) -> str:
+    return f"{prefix}:{job}:weights:loads"
+
+
+def pulling_key(prefix: str, job: str, member: str = "*") -> str:
+    return f"{prefix}:{job}:weights:pulling:{member}"
+
+
+class WeightFollower:
+    def __init__(self, rt, engine, *, pool: str, member: str):
+        self.rt = rt
+        self.config = rt.config
+        self.engine = engine
+        self.pool = pool
+        self.member = member
+        self.labels = (self.config.job, pool)
+        configured = self.config.generation.weight_staging_dir
+        self.staging = Path(configured or tempfile.mkdtemp(prefix="rollart-weights-")) / member
+        self._latest: VersionAnnouncement | None = None
+        self._changed = asyncio.Condition()
+        self._transport = None
+        self._stop = asyncio.Event()
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def wait_for(self, version: int) -> None:
+        """Return once the engine holds ``version`` or newer."""
+        if self.engine.version >= version:
+            return
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.engine.version >= version or self._stop.is_set())
+
+    async def run(self) -> None:
+        LOADED_VERSION.labels(*self.labels).set(self.engine.version)
+        watcher = asyncio.create_task(self._watch())
+        try:
+            while not self._stop.is_set():
+                target = self._latest
+                if target is None or target.version <= self.engine.version or target.manifest is None:
+                    await self._wait_changed(1.0)
+                    continue
+                try:
+                    await self._apply(target)
+                except Exception:
+                    log.exception("%s: loading version %d failed; retrying", self.member, target.version)
+                    await self._wait_changed(1.0)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            async with self._changed:
+                self._changed.notify_all()
+            if self._transport is not None:
+                self._transport.close()
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    async def _wait_changed(self, timeout: float) -> None:
+        async with self._changed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def _watch(self) -> None:
+        consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=20,
+                                    client_id=f"{self.member}-versions",
+                                    **kafka_client_kwargs(self.config.kafka, self.rt.endpoints.kafka_bootstrap))
+        await consumer.start()
+        try:
+            topic = self.rt.producer.names.physical("policy.versions")
+            await consumer.topics()
+            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            while True:
+                batch = await consumer.getmany(timeout_ms=200)
+                for record in (r for records in batch.values() for r in records):
+                    try:
+                        message = DEFAULT_CODEC.decode(record.value, record.headers,
+                                                       accept=(VersionAnnouncement,)).message
+                    except MessageDecodeError:
+                        continue  # not ours to dead-letter: the topic has no consumer group
+                    if message.job == self.config.job and (self._latest is None
+                                                           or message.version > self._latest.version):
+                        self._latest = message
+                        async with self._changed:
+                            self._changed.notify_all()
+        finally:
+            await consumer.stop()
+
+    async def _apply(self, announcement: VersionAnnouncement) -> None:
+        prefix, job = self.config.redis.key_prefix, self.config.job
+        version = announcement.version
+        # Tell the trainer's garbage collector this version is being read.
+        await self.rt.redis.set(pulling_key(prefix, job, self.member), version, ex=120)
+        if self._transport is None:
+            self._transport = await asyncio.to_thread(make_transport, self.config.weights, self.rt.endpoints)
+        started = time.perf_counter()
+        directory = await asyncio.to_thread(pull_version, self._transport, announcement.manifest, version,
+                                            self.staging)
+        pull_s = time.perf_counter() - started
+        load_s = await self.engine.load_weights(directory, version)
+        await self.rt.redis.delete(pulling_key(prefix, job, self.member))
+        PULL_SECONDS.labels(*self.labels).observe(pull_s)
+        LOAD_SECONDS.labels(*self.labels).observe(load_s)
+        LOADED_VERSION.labels(*self.labels).set(version)
+        await self.rt.redis.rpush(loads_key(prefix, job), json.dumps({
+            "member": self.member, "pool": self.pool, "version": version, "pull_s": round(pull_s, 6),
+            "load_s": round(load_s, 6), "bytes": announcement.manifest.total_bytes,
+            "lag_s": round(time.time() - announcement.published_at, 6)}))
+        shutil.rmtree(directory, ignore_errors=True)
+        async with self._changed:
+            self._changed.notify_all()
+        log.info("%s: loaded version %d (pull %.3fs, pause %.3fs)", self.member, version, pull_s, load_s)
