@@ -102,6 +102,9 @@ class TrainerConfig(Section):
     grad_clip: float = Field(default=1.0, gt=0)
     algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
     advantage_norm: Literal["group", "group_mean", "batch", "none"] = "group"
+    # token_mean: every generated token of the batch weighs the same (long trajectories weigh more);
+    # sequence_mean: every trajectory weighs the same
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     clip_low: float = Field(default=0.2, ge=0)
     clip_high: float = Field(default=0.28, ge=0)
     decoupled: bool = True  # AReaL decoupled objective for off-policy (stale) samples

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
+from rollart.bus.reader import read_to_end
 from rollart.config import RollartConfig
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
@@ -84,12 +85,31 @@ class Feeder:
                         seed=rng.randrange(1 << 31), prompt=prompt, redundancy=cfg.redundancy, labels=labels,
                         created_at=time.time())
 
-    async def _admit(self) -> int | None:
+    async def released_count(self) -> int:
+        """Groups released so far: the Redis counter, or (after Redis lost it) the log's highest group
+        number + 1, so a flushed Redis never makes the feeder reuse group ids."""
+        raw = await self.rt.redis.get(self.counter_key)
+        if raw is not None:
+            return int(raw)
+        count = 0
+        prefix = f"{self.config.job}-g"
+        async for record in read_to_end(self.config, self.rt.endpoints, self.rt.producer.names.physical("tasks")):
+            key = (record.key or b"").decode(errors="replace")
+            if key.startswith(prefix) and key[len(prefix):].isdigit():
+                count = max(count, int(key[len(prefix):]) + 1)
+        await self.rt.redis.set(self.counter_key, count, nx=True)
+        return int(await self.rt.redis.get(self.counter_key) or count)
+
+    async def _admit(self, released: int) -> int | None:
         """Reserve one group slot; returns the version admitted under, or None if the bound holds."""
         cfg = self.config.feeder
         version = await self.versions.current()
         if cfg.alpha is None:
             return version
+        if not await self.rt.redis.exists(self.admission.key):
+            # Redis lost the counters: count every released group as accepted, so the bound only
+            # opens again as versions advance (conservative: aborted groups are not given back).
+            await self.admission.rebuild(accepted=released, running=0)
         ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
         return version if ok else None
 
@@ -98,10 +118,10 @@ class Feeder:
         cfg = self.config.feeder
         released = 0
         while not self._stop.is_set():
-            n = int(await self.rt.redis.get(self.counter_key) or 0)
+            n = await self.released_count()
             if cfg.max_groups is not None and n >= cfg.max_groups:
                 break
-            version = await self._admit()
+            version = await self._admit(n)
             BLOCKED.labels(self.config.job).set(1 if version is None else 0)
             if version is None:
                 try:

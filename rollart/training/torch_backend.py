@@ -139,7 +139,9 @@ class TorchBackend:
         for start in range(0, batch.input_ids.shape[0], self.micro_batch):
             part = slice(start, start + self.micro_batch)
             loss, m, mask = self._micro_loss(batch, part)
-            share = float(mask.sum()) / total_tokens
+            # Each micro-batch's loss is a mean over its own tokens (or sequences): weigh it by its share.
+            share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
+                     else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()
             for key, value in m.items():
                 metrics[key] = metrics.get(key, 0.0) + value * share

@@ -104,8 +104,9 @@ class MooncakeTransport:
         return bytes(data)
 
     def remove(self, keys: list[str]) -> None:
-        # A key read a moment ago is leased by the master for a few seconds; the caller retries later.
-        left = [k for k in keys if self.store.remove(k) != 0 and self.store.is_exist(k) == 1]
+        # force: skip the read lease the master holds on a key served a moment ago. The collector
+        # only removes versions that no generation consumer is pulling (it checks first).
+        left = [k for k in keys if self.store.remove(k, force=True) != 0 and self.store.is_exist(k) == 1]
         if left:
             raise WeightTransportError(f"{len(left)} bucket(s) still leased, e.g. {left[0]}")
 

@@ -1,0 +1,163 @@
+"""The trainer stage in-process on the real broker and Redis, with the tiny model (no engine).
+
+Scored trajectories are produced to ``rewards.results`` as the reward stage would; the trainer
+trains, checkpoints, publishes weights (Mooncake of the test stack) and announces versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+import pytest
+
+from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
+from rollart.messages.samples import sample_trajectory
+from rollart.state import VersionStore, VersionWriter
+from rollart.stages.trainer import TrainerStage, build_backend, trainer_loop
+from rollart.training.checkpoint import CheckpointStore
+from rollart.weights import WeightPublisher, make_transport
+from tests.conftest import eventually, make_config
+
+
+def scored(group: int, member: int, *, reward: float, version: int = 0, job: str = "j") -> ScoredTrajectory:
+    t = sample_trajectory(f"{job}-g{group}-t{member}", n_prompt=6, n_gen=4, version=version)
+    t = replace(t, group_id=f"{job}-g{group}", token_ids=Int32Array([5 + (i * 7 + member) % 300 for i in range(10)]))
+    return ScoredTrajectory(trajectory=t, reward=reward, scorer="test")
+
+
+class Harness:
+    def __init__(self, rt, tmp_path, tiny_model):
+        self.rt = rt
+        self.config = rt.config
+        self.checkpoints = CheckpointStore(tmp_path / "ckpt")
+        self.backend = build_backend(self.config)
+        self.transport = make_transport(self.config.weights, rt.endpoints)
+        self.writer = VersionWriter(self.config, rt.endpoints, rt.redis, rt.producer)
+        self.stage = TrainerStage(rt, self.backend, self.checkpoints,
+                                  WeightPublisher(self.transport, self.config.job, bucket_bytes=1 << 20),
+                                  self.writer, pad_id=0)
+        self.stop = asyncio.Event()
+
+    async def start(self, loops, max_steps=None):
+        await self.writer.acquire()
+        await loops.start(trainer_loop(self.rt, self.stage))
+        self.training = asyncio.create_task(self.stage.run(self.stop, max_steps))
+
+    async def produce(self, items):
+        for item in items:
+            await self.rt.producer.send_and_wait("rewards.results", item, key=item.trajectory.group_id)
+
+    def steps(self):
+        return [r for r in self.checkpoints.read_record() if "event" not in r]
+
+    async def close(self):
+        self.stop.set()
+        await self.training
+        self.transport.close()
+
+
+@pytest.fixture
+async def trainer(endpoints, tmp_path, tiny_model, request):
+    from rollart.runtime import open_runtime
+    from rollart.topics import expand_catalog
+    from rollart.topics.admin import apply_topics
+
+    options = {"feeder": {"group_size": 2, "groups_per_batch": 2, "alpha": 1},
+               "trainer": {"lr": 1e-2, "checkpoint_dir": str(tmp_path / "ckpt"), "micro_batch": 4},
+               "model": {"path": str(tiny_model)}}
+    marker = request.node.get_closest_marker("trainer")
+    for section, values in (marker.kwargs if marker else {}).items():
+        options.setdefault(section, {}).update(values)
+    config = make_config(endpoints, **options)
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        harness = Harness(rt, tmp_path, tiny_model)
+        yield harness
+        await harness.close()
+
+
+async def test_trains_publishes_and_announces_each_version(trainer, loops, redis):
+    job = trainer.config.job
+    await trainer.start(loops)
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in range(4) for m in range(2)])
+    await eventually(lambda: len(trainer.steps()) == 2, what="two training steps")
+    store = VersionStore(trainer.config, trainer.rt.endpoints, redis)
+    await eventually(lambda: trainer.stage.version == 2, what="version 2 announced")
+    assert await store.current() == 2
+    latest = await store.latest_announcement()
+    assert latest.version == 2 and latest.step == 2
+    assert latest.manifest.transport == trainer.transport.name and latest.manifest.total_bytes > 0
+    rows = trainer.steps()
+    assert [r["samples"] for r in rows] == [4, 4]
+    assert all(r["staleness_max"] <= 1 for r in rows)
+    assert trainer.checkpoints.latest().name == "step-2"
+    state = json.loads((trainer.checkpoints.latest() / "trainer.json").read_text())
+    assert state["version"] == 2 and len(state["trained_ids"]) == 8
+
+
+async def test_duplicates_and_stale_groups_are_never_trained(trainer, loops):
+    job = trainer.config.job
+    await trainer.start(loops)
+    first = [scored(g, m, reward=float(m), job=job) for g in range(2) for m in range(2)]
+    await trainer.produce(first + first[:2])  # a redelivered copy of group 0
+    await eventually(lambda: trainer.stage.version == 1, what="version 1")
+    await trainer.produce(first)  # already trained: dropped, never forms a batch
+    # Versions now 1: a group whose tokens came from version 0 is fine (staleness 1 = alpha) ...
+    fresh = [scored(g, m, reward=float(m), version=0, job=job) for g in (10, 11) for m in range(2)]
+    await trainer.produce(fresh)
+    await eventually(lambda: trainer.stage.version == 2, what="version 2")
+    # ... at version 2, version-0 samples are 2 behind alpha = 1: evicted, not trained.
+    stale = [scored(g, m, reward=float(m), version=0, job=job) for g in (20, 21) for m in range(2)]
+    fresher = [scored(g, m, reward=float(m), version=2, job=job) for g in (30, 31) for m in range(2)]
+    await trainer.produce(stale)
+    await eventually(lambda: trainer.stage.buffer.stats.evicted_stale_groups == 2, what="stale groups evicted")
+    await trainer.produce(fresher)
+    await eventually(lambda: len(trainer.steps()) == 3, what="step 3")
+    ids = [i for r in trainer.steps() for i in r["traj_ids"]]
+    assert len(ids) == len(set(ids)) == 12
+    assert not any(f"-g2{n}-" in i for i in ids for n in (0, 1)), "a stale sample was trained"
+    assert max(r["staleness_max"] for r in trainer.steps()) <= 1
+
+
+@pytest.mark.trainer(trainer={"capacity_groups": 2}, feeder={"alpha": 100})
+async def test_buffer_stays_bounded_when_training_is_slow(trainer, loops):
+    job = trainer.config.job
+    gate = asyncio.Event()
+    train_step = trainer.backend.train_step
+
+    def slow_step(batch):  # the trainer is far slower than rollout until the gate opens
+        import time
+
+        while not gate.is_set():
+            time.sleep(0.01)
+        return train_step(batch)
+
+    trainer.backend.train_step = slow_step
+    await trainer.start(loops)
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in range(30) for m in range(2)])
+    bound = trainer.stage.max_in_flight
+    assert bound == 4  # 2 groups of 2
+    peak = 0
+    for _ in range(40):
+        peak = max(peak, len(trainer.stage.waiting), sum(len(g.members) for g in trainer.stage.buffer.groups.values()))
+        await asyncio.sleep(0.05)
+    assert 0 < peak <= bound, f"buffer held {peak} samples with a bound of {bound}"
+    gate.set()
+    await eventually(lambda: len(trainer.steps()) >= 3, what="training resumes once the trainer catches up")
+
+
+async def test_version_comes_back_from_the_log_after_a_redis_flush(trainer, loops, redis):
+    job = trainer.config.job
+    await trainer.start(loops)
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in range(2) for m in range(2)])
+    await eventually(lambda: len(trainer.steps()) == 1, what="step 1")
+    await eventually(lambda: trainer.stage.version == 1, what="version 1 announced")
+    async for key in redis.scan_iter(match=f"{trainer.config.redis.key_prefix}:{job}:*"):
+        await redis.delete(key)  # the job's whole Redis state is gone
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in (5, 6) for m in range(2)])
+    await eventually(lambda: len(trainer.steps()) == 2, what="step 2 after the flush")
+    store = VersionStore(trainer.config, trainer.rt.endpoints, redis)
+    await eventually(lambda: trainer.stage.version == 2, what="version 2")
+    assert await store.current() == 2, "the version was rebuilt from policy.versions and bumped from there"
