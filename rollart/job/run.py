@@ -156,6 +156,7 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
                 if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
                     return
                 supervise(procs, restarts, opts)
+                _write_pids(procs, opts.out / "pids.json")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{shown} of {opts.steps} steps in {opts.timeout_s:.0f}s")
                 await asyncio.sleep(0.5)
@@ -163,6 +164,14 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
             loop.stop()
             with contextlib.suppress(Exception):
                 await runner
+
+
+def _write_pids(procs: StageProcesses, path: Path) -> None:
+    """Which process is which stage (for operators, and for tests that kill one)."""
+    pids = {name: p.proc.pid for name, p in procs.stages.items() if p.alive()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(pids))
+    tmp.replace(path)
 
 
 async def _weight_loads(cfg: RollartConfig) -> list[dict]:
