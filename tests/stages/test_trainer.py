@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
+from rollart.messages import Int32Array, ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.state import VersionStore, VersionWriter
 from rollart.stages.trainer import TrainerStage, build_backend, trainer_loop

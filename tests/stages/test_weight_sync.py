@@ -18,7 +18,6 @@ from rollart.state import VersionWriter
 from rollart.training.torch_backend import TorchBackend, token_logprobs
 from rollart.weights import WeightPublisher, make_transport
 from rollart.weights.follower import WeightFollower, loads_key
-from tests.conftest import eventually
 
 
 async def _logprob_gap(engine, backend, chat, *, min_version: int = 0) -> tuple[float, list[int]]:
