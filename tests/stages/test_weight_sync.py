@@ -37,10 +37,10 @@ async def test_engine_loads_each_announced_version(engine, runtime, redis, tiny_
     config = runtime.config
     backend = TorchBackend(tiny_model)
     original = {k: v.clone() for k, v in backend.state_dict().items()}
-    with torch.no_grad():  # a visibly different policy
-        for name, tensor in backend.model.named_parameters():
-            if "mlp" in name:
-                tensor.mul_(3.0).add_(0.05)
+    with torch.no_grad():  # a visibly different policy: every tensor, the tied embedding included
+        generator = torch.Generator().manual_seed(1)
+        for tensor in backend.model.parameters():
+            tensor.add_(torch.randn(tensor.shape, generator=generator) * 0.5 * tensor.std().clamp(min=0.02))
     transport = make_transport(config.weights, runtime.endpoints)
     publisher = WeightPublisher(transport, config.job, bucket_bytes=256 << 10)  # several buckets
     writer = VersionWriter(config, runtime.endpoints, runtime.redis, runtime.producer)
