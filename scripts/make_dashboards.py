@@ -67,7 +67,27 @@ ROLLOUT = [
         (f'max(rollart_feeder_admission_blocked{{{J}}})', "blocked")]),
 ]
 
+TRAINING = [
+    panel(1, "Batch reward (mean) and policy version", [(f'max(rollart_trainer_batch_reward_mean{{{J}}})', "reward"),
+                                                        (f'max(rollart_trainer_policy_version{{{J}}})', "trainer version"),
+                                                        (f'min by (pool) (rollart_generation_policy_version{{{J}}})', "engines {{pool}} (min)")]),
+    panel(2, "Training steps and samples / s", [(f'sum(rate(rollart_trainer_steps_total{{{J}}}[1m]))', "steps"),
+                                                (f'sum(rate(rollart_trainer_samples_total{{{J}}}[1m]))', "samples")], "ops"),
+    panel(3, "Step time by phase p50 / p99", quantiles("rollart_trainer_step_phase_seconds", "phase"), "s"),
+    panel(4, "Staleness of trained samples p50 / p99 (versions)", [
+        (f'histogram_quantile({q}, sum by (le) (rate(rollart_trainer_sample_staleness_versions_bucket{{{J}}}[5m])))', f"p{int(q * 100)}")
+        for q in (0.5, 0.99)]),
+    panel(5, "Weight publish p50 / p99", quantiles("rollart_trainer_weight_publish_seconds", "transport"), "s"),
+    panel(6, "Weight pull (background) p50 / p99", quantiles("rollart_generation_weight_pull_seconds", "pool"), "s"),
+    panel(7, "Weight load (exposed pause) p50 / p99", quantiles("rollart_generation_weight_load_seconds", "pool"), "s"),
+    panel(8, "Buffer groups and samples dropped / s by reason", [
+        (f'max(rollart_trainer_buffer_groups{{{J}}})', "buffer groups"),
+        (f'sum by (reason) (rate(rollart_trainer_dropped_total{{{J}}}[5m]))', "dropped {{reason}}")]),
+]
+
 if __name__ == "__main__":
+    (OUT / "training.json").write_text(json.dumps(dashboard("rollart-training", "rollart — training", TRAINING,
+                                                            "rollart_trainer_steps_total"), indent=2) + "\n")
     (OUT / "bus.json").write_text(json.dumps(dashboard("rollart-bus", "rollart — event bus", BUS,
                                                        "rollart_bus_messages_processed_total"), indent=2) + "\n")
     (OUT / "rollout.json").write_text(json.dumps(dashboard("rollart-rollout", "rollart — rollout", ROLLOUT,

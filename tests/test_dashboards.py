@@ -14,6 +14,7 @@ import rollart.stages.env  # noqa: F401
 import rollart.stages.feeder  # noqa: F401
 import rollart.stages.generation  # noqa: F401
 import rollart.stages.reward  # noqa: F401
+import rollart.stages.trainer  # noqa: F401
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "dashboards"
 

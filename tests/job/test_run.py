@@ -37,9 +37,7 @@ def _steps(out):
     return [r for r in map(json.loads, lines) if "event" not in r]
 
 
-def test_run_survives_a_killed_trainer_and_a_redis_flush(endpoints, tiny_model, tmp_path):
-    import redis as redis_sync
-
+def _small_job(endpoints, tiny_model, **overrides) -> dict:
     config = {
         "job": "runtest", "pools": ["default"],
         "kafka": {"bootstrap": endpoints.kafka_bootstrap}, "redis": {"url": endpoints.redis_url},
@@ -52,13 +50,37 @@ def test_run_survives_a_killed_trainer_and_a_redis_flush(endpoints, tiny_model, 
         "bus": {"fetch_max_wait_ms": 5},
         "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {}, "max_turns": 3, "reward": {"type": "env"}}},
     }
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values} if isinstance(values, dict) else values
+    return config
+
+
+def _start(config: dict, tmp_path, steps: int) -> tuple[subprocess.Popen, object]:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    steps = 10
     proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", str(path), "--steps", str(steps),
                              "--out", str(out), "--timeout", "600"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def _finish(proc: subprocess.Popen, out) -> dict:
+    try:
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    return json.loads((out / "report.json").read_text())
+
+
+def test_run_survives_a_killed_trainer_and_a_redis_flush(endpoints, tiny_model, tmp_path):
+    import redis as redis_sync
+
+    steps = 10
+    proc, out = _start(_small_job(endpoints, tiny_model), tmp_path, steps)
     try:
         _wait(lambda: len(_steps(out)) >= 3, 300, "3 training steps", proc)
         trainer_pid = json.loads((out / "pids.json").read_text())["trainer"]
@@ -69,13 +91,11 @@ def test_run_survives_a_killed_trainer_and_a_redis_flush(endpoints, tiny_model, 
         client = redis_sync.Redis.from_url(endpoints.redis_url)
         deleted = sum(client.delete(k) for k in client.scan_iter(match=f"rollart:{job}:*"))
         assert deleted > 0
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output[-3000:]
-    report = json.loads((out / "report.json").read_text())
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    report = _finish(proc, out)
     assert [s["step"] for s in report["steps"]] == list(range(1, steps + 1)), "no step lost or repeated"
     assert report["trained_duplicates"] == 0
     assert all(s["samples"] == 8 for s in report["steps"])
@@ -86,3 +106,24 @@ def test_run_survives_a_killed_trainer_and_a_redis_flush(endpoints, tiny_model, 
     assert (out / "report.png").stat().st_size > 0
     versions = [s["trained_version"] for s in report["steps"]]
     assert versions == sorted(versions), "the trainer never went back to an older version"
+
+
+def test_alpha_zero_trains_only_on_the_current_policy(endpoints, tiny_model, tmp_path):
+    proc, out = _start(_small_job(endpoints, tiny_model, feeder={"alpha": 0}), tmp_path, 4)
+    report = _finish(proc, out)
+    assert report["alpha"] == 0
+    assert [s["staleness_max"] for s in report["steps"]] == [0, 0, 0, 0]
+    assert [s["trained_version"] for s in report["steps"]] == [0, 1, 2, 3], "one version per step, in lock step"
+
+
+def test_demo_config_learns(tmp_path):
+    """The shipped demo (warm start, GRPO, alpha 1), shortened: the reward must rise."""
+    proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", "configs/demo.yaml", "--steps", "40",
+                             "--out", str(tmp_path / "demo"), "--timeout", "900"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "ROLLART_HOME": str(tmp_path / "home")})
+    report = _finish(proc, tmp_path / "demo")
+    rewards = [s["reward_mean"] for s in report["steps"]]
+    first, last = sum(rewards[:8]) / 8, sum(rewards[-10:]) / 10
+    assert last > first + 0.03, f"reward did not rise: first steps {first:.3f}, last steps {last:.3f}"
+    assert report["staleness_max"] <= 1 and report["trained_duplicates"] == 0
