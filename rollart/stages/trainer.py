@@ -32,7 +32,7 @@ from rollart.training.algorithms import PolicyLossConfig
 from rollart.training.buffer import Group, SampleBuffer
 from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
-from rollart.weights.follower import pulling_key
+from rollart.weights.follower import pulling_versions
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,10 @@ class TrainerStage:
         latest = await self.writer.current()
         if self.state.step == 0 and latest == 0:
             return  # the initial weights are the model directory every engine starts from
+        # Versions an earlier trainer process published are collected like our own.
+        for announcement in await self.writer.announcements():
+            if announcement.manifest is not None:
+                self.publisher.published.setdefault(announcement.version, announcement.manifest)
         if latest != self.state.version:
             await self.publish(step=self.state.step)
         VERSION.labels(*self.labels).set(self.version)
@@ -240,11 +244,8 @@ class TrainerStage:
         """Remove versions no generation consumer can still need: below both the last
         ``keep_versions`` and every version a consumer is pulling right now."""
         prefix, job = self.config.redis.key_prefix, self.config.job
-        keep_from = self.version - self.config.trainer.keep_versions + 1
-        async for key in self.rt.redis.scan_iter(match=pulling_key(prefix, job)):
-            raw = await self.rt.redis.get(key)
-            if raw is not None:
-                keep_from = min(keep_from, int(raw))
+        keep_from = min([self.version - self.config.trainer.keep_versions + 1,
+                         *await pulling_versions(self.rt.redis, prefix, job)])
         await asyncio.to_thread(self.publisher.collect, keep_from)
 
 

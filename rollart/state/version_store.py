@@ -69,17 +69,21 @@ class VersionStore:
         version = latest.version if latest is not None else 0
         return int(await self._set_max(keys=[self.key], args=[version]))
 
-    async def latest_announcement(self) -> VersionAnnouncement | None:
+    async def announcements(self) -> list[VersionAnnouncement]:
+        """Every announcement of this job in the log, in log order."""
         topic = f"{self.config.job}.{VERSIONS_TOPIC}"
-        latest: VersionAnnouncement | None = None
+        found = []
         async for record in read_to_end(self.config, self.endpoints, topic):
             try:
                 message = DEFAULT_CODEC.decode(record.value, record.headers, accept=(VersionAnnouncement,)).message
             except MessageDecodeError:
                 continue  # the consumers' DLQ handles bad records; here they just do not count
-            if message.job == self.config.job and (latest is None or message.version > latest.version):
-                latest = message
-        return latest
+            if message.job == self.config.job:
+                found.append(message)
+        return found
+
+    async def latest_announcement(self) -> VersionAnnouncement | None:
+        return max(await self.announcements(), key=lambda a: a.version, default=None)
 
 
 class VersionWriter(VersionStore):

@@ -44,8 +44,30 @@ def loads_key(prefix: str, job: str) -> str:
     return f"{prefix}:{job}:weights:loads"
 
 
-def pulling_key(prefix: str, job: str, member: str = "*") -> str:
-    return f"{prefix}:{job}:weights:pulling:{member}"
+def pulling_key(prefix: str, job: str) -> str:
+    """A hash: generation member -> ``{"version": v, "until": unix seconds}`` while it pulls ``v``."""
+    return f"{prefix}:{job}:weights:pulling"
+
+
+PULL_MARK_TTL_S = 120.0  # a member that died mid-pull stops protecting its version after this
+
+
+async def pulling_versions(redis, prefix: str, job: str) -> list[int]:
+    """Versions some live member is pulling right now; expired marks are removed."""
+    key = pulling_key(prefix, job)
+    now = time.time()
+    versions = []
+    for member, raw in (await redis.hgetall(key)).items():
+        try:
+            mark = json.loads(raw)
+            expired = mark["until"] < now
+        except (ValueError, KeyError, TypeError):
+            expired = True
+        if expired:
+            await redis.hdel(key, member)
+        else:
+            versions.append(int(mark["version"]))
+    return versions
 
 
 class WeightFollower:
@@ -138,7 +160,8 @@ class WeightFollower:
         prefix, job = self.config.redis.key_prefix, self.config.job
         version = announcement.version
         # Tell the trainer's garbage collector this version is being read.
-        await self.rt.redis.set(pulling_key(prefix, job, self.member), version, ex=120)
+        await self.rt.redis.hset(pulling_key(prefix, job), self.member,
+                                 json.dumps({"version": version, "until": time.time() + PULL_MARK_TTL_S}))
         if self._transport is None:
             self._transport = await asyncio.to_thread(make_transport, self.config.weights, self.rt.endpoints)
         started = time.perf_counter()
@@ -146,7 +169,7 @@ class WeightFollower:
                                             self.staging)
         pull_s = time.perf_counter() - started
         load_s = await self.engine.load_weights(directory, version)
-        await self.rt.redis.delete(pulling_key(prefix, job, self.member))
+        await self.rt.redis.hdel(pulling_key(prefix, job), self.member)
         PULL_SECONDS.labels(*self.labels).observe(pull_s)
         LOAD_SECONDS.labels(*self.labels).observe(load_s)
         LOADED_VERSION.labels(*self.labels).set(version)

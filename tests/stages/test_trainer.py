@@ -161,3 +161,29 @@ async def test_version_comes_back_from_the_log_after_a_redis_flush(trainer, loop
     store = VersionStore(trainer.config, trainer.rt.endpoints, redis)
     await eventually(lambda: trainer.stage.version == 2, what="version 2")
     assert await store.current() == 2, "the version was rebuilt from policy.versions and bumped from there"
+
+
+async def test_old_versions_are_collected_unless_a_consumer_is_pulling_them(trainer, loops, redis):
+    import time
+
+    from rollart.weights.follower import pulling_key
+
+    job = trainer.config.job
+    publisher = trainer.stage.publisher
+    key = pulling_key(trainer.config.redis.key_prefix, job)
+    await trainer.start(loops)
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in range(2) for m in range(2)])
+    await eventually(lambda: trainer.stage.version == 1, what="version 1")
+    # A generation member is pulling version 1 (a dead one's mark has expired).
+    await redis.hset(key, mapping={"gen-a": json.dumps({"version": 1, "until": time.time() + 60}),
+                                   "gen-dead": json.dumps({"version": 0, "until": time.time() - 1})})
+    for n in (1, 2):
+        await trainer.produce([scored(10 * n + g, m, reward=float(m), version=n, job=job)
+                               for g in range(2) for m in range(2)])
+        await eventually(lambda: trainer.stage.version == n + 1, what=f"version {n + 1}")
+    assert sorted(publisher.published) == [1, 2, 3], "version 1 is kept while gen-a pulls it"
+    assert await redis.hkeys(key) == [b"gen-a"], "the expired mark was removed"
+    await redis.hdel(key, "gen-a")
+    await trainer.produce([scored(40 + g, m, reward=float(m), version=3, job=job) for g in range(2) for m in range(2)])
+    await eventually(lambda: trainer.stage.version == 4, what="version 4")
+    assert sorted(publisher.published) == [3, 4], "keep_versions = 2 once nobody pulls the old ones"
