@@ -127,3 +127,21 @@ def test_demo_config_learns(tmp_path):
     first, last = sum(rewards[:8]) / 8, sum(rewards[-10:]) / 10
     assert last > first + 0.03, f"reward did not rise: first steps {first:.3f}, last steps {last:.3f}"
     assert report["staleness_max"] <= 1 and report["trained_duplicates"] == 0
+
+
+def test_run_resume_continues_the_recorded_run(endpoints, tiny_model, tmp_path):
+    """`rollart run --resume` on a persistent broker: same job, trainer from its checkpoint, no step
+    retrained and no trajectory trained twice across the two runs."""
+    config = _small_job(endpoints, tiny_model)
+    proc, out = _start(config, tmp_path, 3)
+    first = _finish(proc, out)
+    job = json.loads((out / "run.json").read_text())["job"]
+    proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", str(tmp_path / "job.yaml"), "--steps", "6",
+                             "--out", str(out), "--resume", "--timeout", "600"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    second = _finish(proc, out)
+    assert json.loads((out / "run.json").read_text())["job"] == job
+    assert [s["step"] for s in second["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert second["steps"][:3] == first["steps"], "the first run's steps are kept as they were"
+    assert second["trained_duplicates"] == 0
+    assert [s["trained_version"] for s in second["steps"]][3:] == [3, 4, 5]
