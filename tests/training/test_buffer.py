@@ -42,3 +42,23 @@ def test_buffer_reports_full_for_backpressure():
     for g in range(6):
         buf.add(scored(f"g{g}", 0, 0))
     assert buf.full() and buf.take_batch(0) is None, "incomplete groups never form a batch"
+
+
+def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
+    buf = SampleBuffer(group_size=2, groups_per_batch=1, alpha=5, drop_uninformative=True)
+    for i in range(2):
+        buf.add(scored("flat", i, 0, reward=0.0))
+        buf.add(scored("mixed", i, 0, reward=float(i)))
+    dropped = buf.drop_uninformative_groups()
+    assert [g.group_id for g in dropped] == ["flat"] and buf.stats.uninformative_groups == 1
+    assert not buf.add(scored("flat", 0, 0, reward=0.0)), "a dropped trajectory redelivered is not taken again"
+    assert [g.group_id for g in buf.take_batch(0)] == ["mixed"]
+
+
+def test_a_full_buffer_of_incomplete_groups_makes_room():
+    buf = SampleBuffer(group_size=3, groups_per_batch=1, alpha=5, capacity=2)
+    buf.add(scored("a", 0, 0))
+    buf.add(scored("b", 0, 0))
+    assert buf.full() and buf.take_batch(0) is None
+    assert buf.evict_oldest_incomplete().group_id == "a" and buf.stats.evicted_full_groups == 1
+    assert not buf.full()
