@@ -283,6 +283,45 @@ def run_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML.")
     console.print(f"report: {out / 'report.json'}, {out / 'report.png'}")
 
 
+@app.command("lag")
+def lag_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Option("--json")] = False,
+            job: Annotated[Optional[str], typer.Option(help="Job to inspect (e.g. a run's job).")] = None,
+            watch: Annotated[Optional[float], typer.Option(help="Refresh every N seconds until Ctrl-C.")] = None,
+            metrics_port: Annotated[Optional[int], typer.Option(help="Serve the lag as Prometheus metrics.")] = None,
+            ) -> None:
+    """Every consumer group's lag per topic and partition (end offset minus committed offset)."""
+    import time as _time
+
+    from rollart.endpoints import resolve_endpoints
+    from rollart.lag import consumer_lag
+
+    cfg = _config(config)
+    if job:
+        cfg = cfg.model_copy(update={"job": job})
+    if metrics_port is not None:
+        from rollart.metrics import serve_metrics
+
+        serve_metrics(metrics_port, cfg.metrics.host)
+    async def once():
+        return await consumer_lag(cfg, resolve_endpoints(cfg))
+
+    while True:
+        rows = _run(once())
+        if as_json:
+            print(json.dumps([{"group": r.group, "topic": r.topic, "partition": r.partition, "committed": r.committed,
+                               "end": r.end, "lag": r.lag} for r in rows]))
+        else:
+            table = Table("group", "topic", "partition", "committed", "end", "lag")
+            for r in rows:
+                table.add_row(r.group, r.topic, str(r.partition), "-" if r.committed is None else str(r.committed),
+                              str(r.end), str(r.lag))
+            console.print(table)
+            console.print(f"total lag {sum(r.lag for r in rows)} (job {cfg.job})")
+        if watch is None:
+            return
+        _time.sleep(watch)
+
+
 @app.command("replay")
 def replay_cmd(config: ConfigOption = None,
                topic: Annotated[str, typer.Option(help="Logical topic, e.g. rewards.results.")] = "rewards.results",
