@@ -22,6 +22,8 @@ from rollart.messages import (
     GenerationResult,
     MessageDecodeError,
     ScoredTrajectory,
+    TaskSpec,
+    VersionAnnouncement,
 )
 from rollart.messages.arrays import PackedArray
 
@@ -34,6 +36,11 @@ class ReplayFilter:
     since_ms: int | None = None
     until_ms: int | None = None
     limit: int | None = None
+    tag: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    abort_reason: str | None = None
+    policy_version: int | None = None  # messages with tokens (or an admission/announcement) of this version
 
     def keeps(self, record, message: Any) -> bool:
         if self.partition is not None and record.partition != self.partition:
@@ -42,7 +49,48 @@ class ReplayFilter:
             return False
         if self.until_ms is not None and record.timestamp > self.until_ms:
             return False
-        return self.traj_id is None or traj_id_of(message) == self.traj_id
+        if self.traj_id is not None and traj_id_of(message) != self.traj_id:
+            return False
+        return self.keeps_content(message)
+
+    def keeps_content(self, message: Any) -> bool:
+        """The content filters; a message without the field a filter asks about does not pass it."""
+        if self.tag is not None and tag_of(message) != self.tag:
+            return False
+        if self.min_reward is not None or self.max_reward is not None:
+            reward = reward_of(message)
+            if reward is None or (self.min_reward is not None and reward < self.min_reward) \
+                    or (self.max_reward is not None and reward > self.max_reward):
+                return False
+        if self.abort_reason is not None and not (isinstance(message, Abort) and message.reason == self.abort_reason):
+            return False
+        return self.policy_version is None or self.policy_version in versions_of(message)
+
+
+def tag_of(message: Any) -> str | None:
+    if isinstance(message, ScoredTrajectory):
+        return message.trajectory.tag
+    return getattr(message, "tag", None)
+
+
+def reward_of(message: Any) -> float | None:
+    if isinstance(message, ScoredTrajectory):
+        return message.reward
+    if isinstance(message, CompletedTrajectory):
+        return message.env_reward
+    return None
+
+
+def versions_of(message: Any) -> set[int]:
+    if isinstance(message, ScoredTrajectory):
+        message = message.trajectory
+    if isinstance(message, (CompletedTrajectory, GenerationResult)):
+        return set(message.versions) - {-1}
+    if isinstance(message, TaskSpec):
+        return {message.admitted_version}
+    if isinstance(message, VersionAnnouncement):
+        return {message.version}
+    return set()
 
 
 def traj_id_of(message: Any) -> str | None:

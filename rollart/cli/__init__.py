@@ -332,6 +332,11 @@ def replay_cmd(config: ConfigOption = None,
                until: Annotated[Optional[float], typer.Option(help="Unix seconds: up to this time.")] = None,
                limit: Optional[int] = None, as_json: Annotated[bool, typer.Option("--json")] = False,
                job: Annotated[Optional[str], typer.Option(help="Job to read (e.g. a rollout's run job).")] = None,
+               tag: Annotated[Optional[str], typer.Option(help="Only this task tag.")] = None,
+               min_reward: Annotated[Optional[float], typer.Option(help="Only rewards >= this.")] = None,
+               max_reward: Annotated[Optional[float], typer.Option(help="Only rewards <= this.")] = None,
+               abort_reason: Annotated[Optional[str], typer.Option(help="Only aborts with this reason.")] = None,
+               policy_version: Annotated[Optional[int], typer.Option(help="Only messages of this policy version.")] = None,
                ) -> None:
     """Print a topic's trajectories decoded to text (or JSONL with --json)."""
     from rollart.endpoints import resolve_endpoints
@@ -342,7 +347,9 @@ def replay_cmd(config: ConfigOption = None,
         cfg = cfg.model_copy(update={"job": job})
     tokenizer = _tokenizer(cfg)
     flt = ReplayFilter(traj_id=traj, from_offset=from_offset, partition=partition, limit=limit,
-                       since_ms=int(since * 1000) if since else None, until_ms=int(until * 1000) if until else None)
+                       since_ms=int(since * 1000) if since else None, until_ms=int(until * 1000) if until else None,
+                       tag=tag, min_reward=min_reward, max_reward=max_reward, abort_reason=abort_reason,
+                       policy_version=policy_version)
 
     async def go() -> int:
         n = 0
