@@ -1,8 +1,8 @@
 """Trainer checkpoints and the training record.
 
 A checkpoint is a directory ``step-<n>/`` holding the backend's state (model, optimizer, step) and
-``trainer.json`` (the policy version those weights were published as, whether that publication
-happened, the ids of recently trained trajectories and the offsets trained up to). It is written
+``trainer.json`` (the policy version those weights are announced as — a resumed trainer compares it
+with the log and publishes again when the announcement never happened —, the ids of recently trained trajectories and the offsets trained up to). It is written
 under a temporary name and renamed, so a crash mid-write leaves the previous checkpoint intact.
 
 The record (``record.jsonl``) has one line per training step. On resume it is cut back to the
@@ -22,7 +22,6 @@ from pathlib import Path
 class TrainerState:
     step: int = 0
     version: int = 0  # the policy version of these weights
-    published: bool = False  # whether `version` was announced with these weights
     trained_ids: list[str] = field(default_factory=list)  # recent ones: redeliveries are dropped
     offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> next offset trained up to
 
@@ -59,11 +58,6 @@ class CheckpointStore:
             return None
         backend.load(path)
         return TrainerState(**json.loads((path / "trainer.json").read_text()))
-
-    def mark_published(self, state: TrainerState) -> None:
-        path = self.root / f"step-{state.step}" / "trainer.json"
-        if path.exists():
-            path.write_text(json.dumps(asdict(state)))
 
     # -- the record -----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rollart.training.algorithms import PolicyLossConfig, policy_loss
+from rollart.training.torch_backend import AccumulatingBackend
 
 
 def qwen2_to_megatron(hf: dict[str, torch.Tensor], *, layers: int, heads: int, kv_heads: int,
@@ -117,7 +118,7 @@ def init_single_process(backend: str = "nccl", port: int = 29512) -> None:
         parallel_state.initialize_model_parallel(1, 1)
 
 
-class MegatronBackend:
+class MegatronBackend(AccumulatingBackend):
     def __init__(self, model_path: str | Path, *, lr: float = 5e-4, micro_batch: int = 8,
                  loss: PolicyLossConfig | None = None, grad_clip: float = 1.0, device: str | None = None):
         # device="cpu" is for tests only: Megatron-core then needs two shims (tests/training/megatron_cpu.py).
@@ -156,39 +157,20 @@ class MegatronBackend:
         logits = self.model(input_ids, positions, ~allowed.unsqueeze(1))[:, :-1].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
-    def train_step(self, batch) -> dict[str, float]:
-        self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
-        metrics: dict[str, float] = {}
-        for start in range(0, batch.input_ids.shape[0], self.micro_batch):
-            part = slice(start, start + self.micro_batch)
-            ids = batch.input_ids[part].to(self.device)
-            mask = batch.loss_mask[part].to(self.device)
-            logprobs = self.token_logprobs(ids, batch.attention_mask[part].to(self.device))
-            behaviour = batch.behaviour_logprobs[part].to(self.device)
-            old = logprobs.detach() if self.loss_cfg.decoupled else behaviour
-            loss, m = policy_loss(logprobs, old, batch.advantages[part].to(self.device), mask, self.loss_cfg,
-                                  behaviour_logprobs=behaviour)
-            share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
-                     else mask.shape[0] / batch.input_ids.shape[0])
-            (loss * share).backward()
-            for key, value in m.items():
-                metrics[key] = metrics.get(key, 0.0) + value * share
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-        self.optimizer.step()
-        self.step += 1
-        return metrics
+    def _micro_loss(self, batch, part: slice):
+        ids = batch.input_ids[part].to(self.device)
+        mask = batch.loss_mask[part].to(self.device)
+        logprobs = self.token_logprobs(ids, batch.attention_mask[part].to(self.device))
+        behaviour = batch.behaviour_logprobs[part].to(self.device)
+        old = logprobs.detach() if self.loss_cfg.decoupled else behaviour
+        loss, metrics = policy_loss(logprobs, old, batch.advantages[part].to(self.device), mask, self.loss_cfg,
+                                    behaviour_logprobs=behaviour)
+        return loss, metrics, mask
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Hugging Face names (what the engines load)."""
         mg = {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
         return megatron_to_qwen2(mg, **self.shapes)
-
-    def save(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
-                   directory / "trainer.pt")
 
     def load(self, directory: str | Path) -> None:
         state = torch.load(Path(directory) / "trainer.pt", map_location=self.device, weights_only=False)

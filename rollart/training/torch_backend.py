@@ -88,7 +88,41 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return picked, -(log_probs.exp() * log_probs).sum(-1)
 
 
-class TorchBackend:
+class AccumulatingBackend:
+    """One optimiser step per batch over micro-batches; a backend supplies ``_micro_loss`` and holds
+    ``model``, ``optimizer``, ``micro_batch``, ``loss_cfg``, ``grad_clip`` and ``step``."""
+
+    def _micro_loss(self, batch: Batch, part: slice) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        raise NotImplementedError
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimiser step over the batch (micro-batched); returns averaged metrics."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
+        metrics: dict[str, float] = {}
+        for start in range(0, batch.input_ids.shape[0], self.micro_batch):
+            part = slice(start, start + self.micro_batch)
+            loss, m, mask = self._micro_loss(batch, part)
+            # Each micro-batch's loss is a mean over its own tokens (or sequences): weigh it by its share.
+            share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
+                     else mask.shape[0] / batch.input_ids.shape[0])
+            (loss * share).backward()
+            for key, value in m.items():
+                metrics[key] = metrics.get(key, 0.0) + value * share
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        self.optimizer.step()
+        self.step += 1
+        return metrics
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        # Model, optimizer and step; the trainer stage adds its own state (version, trained ids) beside.
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
+                   directory / "trainer.pt")
+
+
+class TorchBackend(AccumulatingBackend):
     """One optimiser step per batch. With one step per batch the proximal policy of the decoupled
     objective is the current weights before the step, so its logprobs are the forward pass's own,
     detached: the clip is then inactive and ``exp(proximal - behaviour)`` corrects for staleness."""
@@ -130,32 +164,6 @@ class TorchBackend:
                                     entropy=entropy if cfg.entropy_coef else None)
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
         return loss, metrics, mask
-
-    def train_step(self, batch: Batch) -> dict[str, float]:
-        """One optimiser step over the batch (micro-batched); returns averaged metrics."""
-        self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
-        metrics: dict[str, float] = {}
-        for start in range(0, batch.input_ids.shape[0], self.micro_batch):
-            part = slice(start, start + self.micro_batch)
-            loss, m, mask = self._micro_loss(batch, part)
-            # Each micro-batch's loss is a mean over its own tokens (or sequences): weigh it by its share.
-            share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
-                     else mask.shape[0] / batch.input_ids.shape[0])
-            (loss * share).backward()
-            for key, value in m.items():
-                metrics[key] = metrics.get(key, 0.0) + value * share
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-        self.optimizer.step()
-        self.step += 1
-        return metrics
-
-    def save(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        # Model, optimizer and step; the trainer stage adds its own state (version, trained ids) beside.
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
-                   directory / "trainer.pt")
 
     def load(self, directory: str | Path) -> None:
         state = torch.load(Path(directory) / "trainer.pt", map_location=self.device, weights_only=True)
