@@ -7,7 +7,13 @@ serves ``/metrics`` on ``metrics.port`` when configured.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import threading
+from wsgiref.simple_server import make_server
+
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+from rollart.health import HEALTH, Health
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -41,7 +47,20 @@ LOOP_PROGRESS = Gauge(
     ("job", "group"))
 
 
-def serve_metrics(port: int, host: str = "0.0.0.0") -> int:
-    """Serve ``/metrics`` in a background thread; returns the bound port (``port=0``: any free port)."""
-    server, _thread = start_http_server(port, addr=host)
+def serve_metrics(port: int, host: str = "0.0.0.0", health: Health = HEALTH) -> int:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` (see rollart.health) in a background thread;
+    returns the bound port (``port=0``: any free port)."""
+    metrics_app = make_wsgi_app()
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path in ("/healthz", "/readyz"):
+            verdict = health.liveness() if path == "/healthz" else health.readiness()
+            start_response("200 OK" if verdict.ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain; charset=utf-8")])
+            return [verdict.detail.encode() + b"\n"]
+        return metrics_app(environ, start_response)
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True).start()
     return server.server_address[1]

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, resolve_endpoints
+from rollart.health import HEALTH
 from rollart.metrics import serve_metrics
 from rollart.state import connect_redis
 
@@ -48,6 +49,7 @@ async def open_runtime(config: RollartConfig, *, client_id: str | None = None,
         await producer.start()
         port = None
         if serve and config.metrics.port is not None:
+            HEALTH.stall_s = config.metrics.liveness_stall_s
             port = serve_metrics(config.metrics.port, config.metrics.host)
         yield Runtime(config, endpoints, redis, producer, port)
     finally:

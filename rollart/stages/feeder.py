@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
+from rollart import health
 from rollart.bus.reader import read_to_end
 from rollart.config import RollartConfig
 from rollart.messages import TaskSpec
@@ -118,6 +119,7 @@ class Feeder:
         cfg = self.config.feeder
         released = 0
         while not self._stop.is_set():
+            health.beat("feeder")
             n = await self.released_count()
             if cfg.max_groups is not None and n >= cfg.max_groups:
                 break

@@ -1,0 +1,196 @@
+"""`rollart deploy render`: a two-pool job's manifests validate and say what the job config says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from rollart.config import ConfigError, build_config, load_config
+from rollart.deploy import read_manifests, render_job
+from rollart.stages import prepare_config
+from rollart.topics import expand_catalog
+from tests.conftest import REPO
+from tests.deploy.operator_schemas import SCHEMAS
+
+EXAMPLE = REPO / "deploy" / "examples" / "two-pool.yaml"
+K8S_VERSION = "1.30.0"  # the oldest Kubernetes we support (sidecar-free, probes by port name)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return prepare_config(load_config(EXAMPLE))
+
+
+@pytest.fixture(scope="module")
+def docs(config):
+    return render_job(config)
+
+
+def by_kind(docs, kind):
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def pod(deployment):
+    return deployment["spec"]["template"]["spec"]
+
+
+def test_every_object_validates_against_its_schema(docs):
+    for doc in docs:
+        if doc["kind"] in SCHEMAS:
+            jsonschema.validate(doc, SCHEMAS[doc["kind"]])
+        else:  # the built-in kinds, against the Kubernetes API's own OpenAPI schemas, unknown fields rejected
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert {d["kind"] for d in docs} >= {"Deployment", "ScaledObject", "KafkaTopic", "PodMonitor", "ConfigMap",
+                                         "Service", "PersistentVolumeClaim", "Namespace", "ServiceAccount"}
+
+
+def test_schemas_reject_what_the_operators_would(docs):
+    """The operator schemas bite: a ScaledObject without a target and a KafkaTopic without its cluster label."""
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
+    broken = yaml.safe_load(yaml.safe_dump(scaled))
+    del broken["spec"]["scaleTargetRef"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMAS["ScaledObject"])
+    topic = yaml.safe_load(yaml.safe_dump(next(d for d in docs if d["kind"] == "KafkaTopic")))
+    del topic["metadata"]["labels"]["strimzi.io/cluster"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(topic, SCHEMAS["KafkaTopic"])
+    deployment = yaml.safe_load(yaml.safe_dump(next(d for d in docs if d["kind"] == "Deployment")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGett"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_generation_pools_get_their_hardware_class(docs):
+    deployments = by_kind(docs, "Deployment")
+    h800, h20 = pod(deployments["agentic-two-pool-gen-h800"]), pod(deployments["agentic-two-pool-gen-h20"])
+    assert h800["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    assert h20["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H20"}
+    assert {"key": "pool", "operator": "Equal", "value": "h20", "effect": "NoSchedule"} in h20["tolerations"]
+    for spec, pool in ((h800, "h800"), (h20, "h20")):
+        container = spec["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert container["command"][:5] == ["rollart", "consume", "generation", "--pool", pool]
+        assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    env, trainer = pod(deployments["agentic-two-pool-env"]), pod(deployments["agentic-two-pool-trainer"])
+    assert env["nodeSelector"] == {"rollart.dev/node-class": "cpu"}
+    assert "nvidia.com/gpu" not in env["containers"][0]["resources"]["requests"]
+    assert trainer["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert deployments["agentic-two-pool-trainer"]["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployments["agentic-two-pool-trainer"]["spec"]["replicas"] == 1
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in trainer["volumes"] if "persistentVolumeClaim" in v]
+    assert "agentic-two-pool-checkpoints" in claims and "models" in claims
+
+
+def test_scalers_target_each_groups_lag(docs, config):
+    scaled = by_kind(docs, "ScaledObject")
+    deployments = by_kind(docs, "Deployment")
+    assert set(scaled) == {"agentic-two-pool-env", "agentic-two-pool-gen-h800", "agentic-two-pool-gen-h20",
+                           "agentic-two-pool-reward"}
+    for name, obj in scaled.items():
+        assert obj["spec"]["scaleTargetRef"]["name"] == name and name in deployments
+        assert "replicas" not in deployments[name]["spec"], "KEDA's HPA owns replicas of autoscaled Deployments"
+    triggers = {n: [(t["metadata"]["consumerGroup"], t["metadata"]["topic"]) for t in o["spec"]["triggers"]]
+                for n, o in scaled.items()}
+    assert triggers["agentic-two-pool-gen-h20"] == [("agentic-two-pool.gen-h20", "agentic-two-pool.gen.requests.h20")]
+    assert triggers["agentic-two-pool-env"] == [("agentic-two-pool.env", "agentic-two-pool.tasks")]
+    assert ("agentic-two-pool.reward", "agentic-two-pool.trajectories.completed") in triggers["agentic-two-pool-reward"]
+    reward = scaled["agentic-two-pool-reward"]["spec"]
+    assert reward["minReplicaCount"] == 0 and reward["triggers"][0]["metadata"]["activationLagThreshold"] == "1"
+    assert scaled["agentic-two-pool-gen-h800"]["spec"]["minReplicaCount"] == 2
+    assert scaled["agentic-two-pool-gen-h800"]["spec"]["triggers"][0]["metadata"]["lagThreshold"] == "32"
+    # no more replicas than partitions: the 16-replica request is capped by gen.requests' 16, env's 8 stays
+    assert scaled["agentic-two-pool-gen-h800"]["spec"]["maxReplicaCount"] == 16
+    assert scaled["agentic-two-pool-env"]["spec"]["maxReplicaCount"] == 8
+
+
+def test_kafka_topics_come_from_the_catalog(docs, config):
+    topics = {d["spec"]["topicName"]: d for d in docs if d["kind"] == "KafkaTopic"}
+    expected = {t.name: t for t in expand_catalog(config)}
+    assert set(topics) == set(expected)
+    for name, topic in topics.items():
+        assert topic["metadata"]["labels"]["strimzi.io/cluster"] == "rl-kafka"
+        assert topic["spec"]["partitions"] == expected[name].partitions
+        assert topic["spec"]["config"]["retention.ms"] == expected[name].configs["retention.ms"]
+        assert topic["spec"]["replicas"] == 3
+    assert "agentic-two-pool.gen.requests.h20.dlq" in topics
+
+
+def test_pods_are_locked_down_and_probed(docs):
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for name, deployment in by_kind(docs, "Deployment").items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
+        spec = pod(deployment)
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["automountServiceAccountToken"] is False
+        for container in spec["containers"]:
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+            assert security["capabilities"] == {"drop": ["ALL"]}
+            assert "livenessProbe" in container and "readinessProbe" in container
+        if "rollart consume" in " ".join(spec["containers"][0].get("command", [])):
+            container = spec["containers"][0]
+            assert selector.items() <= labels.items(), f"{name} is not scraped"
+            assert [p["name"] for p in container["ports"]] == ["metrics"]
+            assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+            assert container["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    generation = pod(by_kind(docs, "Deployment")["agentic-two-pool-gen-h20"])["containers"][0]
+    assert generation["startupProbe"]["periodSeconds"] * generation["startupProbe"]["failureThreshold"] >= 1800
+
+
+def test_pods_load_the_config_they_are_given(docs):
+    """The ConfigMap is a valid job config pointing at the in-cluster services."""
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    pod_config = build_config(yaml.safe_load(config_map["data"]["config.yaml"]))
+    assert pod_config.kafka.bootstrap == "rl-kafka-kafka-bootstrap.kafka:9092"
+    assert pod_config.redis.url == "redis://agentic-two-pool-redis:6379/0"
+    assert pod_config.mooncake.master == "agentic-two-pool-mooncake-master:50051"
+    assert pod_config.metrics.port == 9400 and pod_config.tags["math"].pool == "h20"
+    services = by_kind(docs, "Service")
+    assert {p["port"] for p in services["agentic-two-pool-mooncake-master"]["spec"]["ports"]} == {50051, 8080}
+
+
+def test_bad_deploy_config_fails_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"deploy.pools \['h100'\]"):
+        build_config({"pools": ["a"], "deploy": {"pools": {"h100": {}}}})
+    with pytest.raises(ConfigError, match="deploy.trainer.autoscaling"):
+        render_job(build_config({"deploy": {"trainer": {"autoscaling": {}}}}))
+    with pytest.raises(ConfigError, match="min_replicas 3 > max_replicas 2"):
+        build_config({"deploy": {"env": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}})
+    sasl = {"kafka": {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}}
+    with pytest.raises(ConfigError, match="deploy.secret"):
+        render_job(build_config(sasl))
+    docs = render_job(build_config({**sasl, "deploy": {"secret": "kafka-creds"}}))
+    auth = next(d for d in docs if d["kind"] == "TriggerAuthentication")
+    jsonschema.validate(auth, SCHEMAS["TriggerAuthentication"])
+    for obj in (d for d in docs if d["kind"] == "ScaledObject"):
+        trigger = obj["spec"]["triggers"][0]
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+        assert (trigger["metadata"]["sasl"], trigger["metadata"]["tls"]) == ("scram_sha512", "enable")
+    stage = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-env"))
+    assert pod(stage)["containers"][0]["envFrom"] == [{"secretRef": {"name": "kafka-creds"}}]
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert "sasl_password" not in config_map["data"]["config.yaml"]
+
+
+def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_path):
+    out = tmp_path / "rendered"
+    result = subprocess.run([sys.executable, "-m", "rollart.cli", "deploy", "render", str(EXAMPLE), "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "36 objects" in result.stdout
+    assert read_manifests(out) == read_manifests(REPO / "deploy" / "examples" / "two-pool"), \
+        "deploy/examples/two-pool is stale: rerun `rollart deploy render deploy/examples/two-pool.yaml " \
+        "--out deploy/examples/two-pool`"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: [a]\ndeploy: {pools: {b: {gpus: 1}}}\n")
+    result = subprocess.run([sys.executable, "-m", "rollart.cli", "deploy", "render", str(bad), "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "deploy.pools" in result.stderr
