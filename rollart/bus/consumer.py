@@ -52,6 +52,9 @@ from rollart.metrics import (
 )
 from rollart.topics import load_catalog, spec_for
 
+FAILURE_DECODE, FAILURE_HANDLER = "decode", "handler"
+FAILURE_REASONS = (FAILURE_DECODE, FAILURE_HANDLER)
+
 log = logging.getLogger(__name__)
 
 Ordering = Literal["key", "partition", "none"]
@@ -149,6 +152,21 @@ class ConsumerLoop:
         self._paused = False
         self._started = asyncio.Event()
         self._labels = (config.job, group)
+        self._init_metrics(topics)
+
+    def _init_metrics(self, topics: Sequence[str]) -> None:
+        """Create every (group, topic) series at 0, so dashboards show "none yet", not "no data"
+        (Prometheus' advice for label values known in advance)."""
+        for topic in topics:
+            labels = (*self._labels, topic)
+            MESSAGES_PROCESSED.labels(*labels)
+            MESSAGES_DEAD_LETTERED.labels(*labels)
+            for reason in FAILURE_REASONS:
+                MESSAGES_FAILED.labels(*labels, reason)
+            if self.dedup is not None:
+                MESSAGES_DEDUPLICATED.labels(*labels)
+        IN_FLIGHT.labels(*self._labels).set(0)
+        PAUSED.labels(*self._labels).set(0)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -274,7 +292,7 @@ class ConsumerLoop:
         try:
             envelope = self.codec.decode(record.value, record.headers, accept=self._accept.get(topic))
         except MessageDecodeError as exc:
-            MESSAGES_FAILED.labels(*labels, "decode").inc()
+            MESSAGES_FAILED.labels(*labels, FAILURE_DECODE).inc()
             await self._dead_letter(record, labels, f"decode: {exc}", exc.field)
             return
         message_id = envelope.message_id
@@ -312,7 +330,7 @@ class ConsumerLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
-                MESSAGES_FAILED.labels(*labels, "handler").inc()
+                MESSAGES_FAILED.labels(*labels, FAILURE_HANDLER).inc()
                 error = f"handler: {type(exc).__name__}: {exc}"
                 if isinstance(exc, PermanentError) or attempt == attempts:
                     log.warning("%s failed on %s (attempt %d): %s", self.group, envelope.message_id, attempt, error)

@@ -228,7 +228,9 @@ def pod_monitor(r: "Renderer") -> dict:
             "metadata": r.meta(r.name("pods"), "monitoring"),
             "spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": k8s_name(r.job),
                                                   "rollart.dev/scrape": "true"}},
-                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
+                     # honorLabels: our series carry the rollart job as `job`; Prometheus would
+                     # otherwise rename it exported_job and the dashboards' {job="$job"} would match nothing
+                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "honorLabels": True,
                                               "interval": f"{r.deploy.scrape_interval_s}s"}]}}
 
 

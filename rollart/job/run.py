@@ -121,7 +121,7 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
             "ROLLART_TRAINER_CHECKPOINT_DIR": str(checkpoints.root),
             "ROLLART_TRAINER_MAX_STEPS": str(opts.steps),
             "ROLLART_WEIGHTS_FS_ROOT": str(out / "weights"),
-        })
+        }, metrics_targets=write_prometheus_config(out / "prometheus"))
         monitor, restarts = Monitor(), Counter()
         started = time.time()
         try:
@@ -164,6 +164,17 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
             loop.stop()
             with contextlib.suppress(Exception):
                 await runner
+
+
+def write_prometheus_config(directory: Path, scrape_interval_s: float = 5.0) -> Path:
+    """``prometheus.yml`` scraping every stage of the run (``prometheus --config.file DIR/prometheus.yml``);
+    returns the targets file the stage runner keeps current."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"global": {"scrape_interval": f"{scrape_interval_s:g}s", "evaluation_interval": f"{scrape_interval_s:g}s"},
+              "scrape_configs": [{"job_name": "rollart", "honor_labels": True,  # keep our `job` label
+                                  "file_sd_configs": [{"files": ["targets.json"], "refresh_interval": "5s"}]}]}
+    (directory / "prometheus.yml").write_text(json.dumps(config, indent=1))  # JSON is YAML
+    return directory / "targets.json"
 
 
 def _write_pids(procs: StageProcesses, path: Path) -> None:

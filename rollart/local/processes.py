@@ -7,6 +7,7 @@ job name passed in the environment, its output in ``<log_dir>/<name>.log``. Stop
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,10 @@ class StageProcesses:
     log_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     stages: dict[str, StageProcess] = field(default_factory=dict)
+    # When set, each stage serves /metrics on a port of its own (kept across restarts) and this file
+    # lists them in Prometheus' file_sd format, so a local Prometheus can scrape the run.
+    metrics_targets: Path | None = None
+    metrics_ports: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (stage, port)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -51,11 +56,27 @@ class StageProcesses:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "rollart.cli", "consume", stage, "--config", str(self.config_path), *args]
         process = StageProcess(name, argv, self.log_dir / f"{name}.log")
+        env = self.env()
+        if self.metrics_targets is not None:
+            env.update(ROLLART_METRICS_PORT=str(self._metrics_port(name, stage)), ROLLART_METRICS_HOST="127.0.0.1")
         with open(process.log, "ab") as out:
-            process.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+            process.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                              stdin=subprocess.DEVNULL)
         self.stages[name] = process
         return process
+
+    def _metrics_port(self, name: str, stage: str) -> int:
+        from rollart.local.stack import free_port
+
+        if name not in self.metrics_ports:
+            self.metrics_ports[name] = (stage, free_port())
+            targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"instance": n, "stage": s}}
+                       for n, (s, port) in self.metrics_ports.items()]
+            self.metrics_targets.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.metrics_targets.with_suffix(".tmp")
+            tmp.write_text(json.dumps(targets, indent=1))
+            tmp.replace(self.metrics_targets)  # Prometheus re-reads file_sd files on change
+        return self.metrics_ports[name][1]
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.stages[name]

@@ -20,6 +20,15 @@ FALLBACKS = Counter("rollart_env_pool_fallbacks_total",
                     ("job", "tag", "from_pool", "to_pool"))
 
 
+def init_fallback_metrics(config: RollartConfig) -> None:
+    """A series per (tag, its pool, each other pool) at 0 from the start."""
+    for tag in config.tags:
+        preferred = config.pool_for(tag)
+        for pool in config.pools:
+            if pool != preferred:
+                FALLBACKS.labels(config.job, tag, preferred, pool)
+
+
 class PoolRouter:
     def __init__(self, config: RollartConfig, registry: PoolRegistry):
         self.config = config

@@ -33,7 +33,7 @@ from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationReq
     TaskSpec
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
-from rollart.rollout.routing import PoolRouter
+from rollart.rollout.routing import PoolRouter, init_fallback_metrics
 from rollart.rollout.trajectory import TrajectoryBuilder
 from rollart.runtime import Runtime, open_runtime, run_in_order
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
@@ -54,6 +54,23 @@ RESET_LATENCY = Histogram("rollart_env_reset_latency_seconds", "env.reset time",
 STEP_LATENCY = Histogram("rollart_env_step_latency_seconds", "env.step time", _L, buckets=_SECONDS)
 RUNNING = Gauge("rollart_env_running_trajectories", "Trajectories in progress in this member", ("job",))
 GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
+
+
+ABORT_REASONS = ("env_reset_failed", "env_step_timeout", "env_step_failed", "generation_timeout", "ownership_lost",
+                 "stale", "redundant")
+GROUP_OUTCOMES = ("complete", "incomplete")
+
+
+def init_metrics(config: RollartConfig) -> None:
+    """Every (tag, reason) and (tag, outcome) series at 0 from the start: a panel shows no aborts
+    yet instead of no data (Prometheus' advice for label values known in advance)."""
+    for tag in config.tags:
+        for reason in ABORT_REASONS:
+            ABORTED.labels(config.job, tag, reason)
+        for outcome in GROUP_OUTCOMES:
+            GROUPS.labels(config.job, tag, outcome)
+    RUNNING.labels(config.job).set(0)
+    init_fallback_metrics(config)
 
 
 class TrajectoryAborted(Exception):
@@ -253,6 +270,7 @@ async def run_env(config: RollartConfig) -> None:
 
     member = f"env-{socket.gethostname()}-{os.getpid()}"
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
+    init_metrics(config)
     async with open_runtime(config, client_id=member) as rt:
         tasks, actions = env_loops(rt, EnvManager(rt, chat, member))
         await run_in_order(upstream=tasks, downstream=actions)

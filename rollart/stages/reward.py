@@ -157,6 +157,9 @@ async def run_reward(config: RollartConfig) -> None:
         if spec.reward.type == "rule" and spec.reward.rule is None:
             raise ValueError(f"tags.{tag}.reward: type rule needs a rule name")
     member = f"reward-{socket.gethostname()}-{os.getpid()}"
+    for tag, spec in config.tags.items():  # series at 0 from the start (no failures yet, not no data)
+        FAILURES.labels(config.job, tag, spec.reward.type)
+        SCORED.labels(config.job, tag)
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     async with open_runtime(config, client_id=member) as rt:
         bridge = RewardBridge(rt, chat)

@@ -49,6 +49,7 @@ VERSION = Gauge("rollart_trainer_policy_version", "Policy version last published
 PUBLISH_SECONDS = Histogram("rollart_trainer_weight_publish_seconds", "Writing one version's buckets",
                             ("job", "transport"), buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
 
+DROP_REASONS = ("duplicate_or_overflow", "stale", "uninformative", "incomplete_group")
 RECENT_STEPS_KEPT = 64  # steps whose trained ids the checkpoint keeps (redelivery happens within seconds)
 
 
@@ -87,6 +88,8 @@ class TrainerStage:
         self.waiting: dict[str, tuple[asyncio.Future, str, int]] = {}  # traj id -> (settled, "topic:partition", offset)
         self.arrived = asyncio.Event()
         self.labels = (cfg.job,)
+        for reason in DROP_REASONS:  # series at 0 from the start
+            DROPPED.labels(*self.labels, reason)
         self.max_in_flight = self.buffer.capacity * cfg.feeder.group_size
 
     # -- the handler ----------------------------------------------------------------------------

@@ -86,7 +86,7 @@ POD_MONITOR = _resource("monitoring.coreos.com/v1", "PodMonitor", {
         "selector": {"type": "object", "properties": {"matchLabels": STRING_MAP}, "minProperties": 1},
         "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["port"], "additionalProperties": False,
-            "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+            "properties": {"port": {"type": "string"}, "path": {"type": "string"}, "honorLabels": {"type": "boolean"},
                            "interval": {"type": "string", "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}}}},
     },
 })

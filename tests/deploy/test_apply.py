@@ -52,7 +52,7 @@ async def test_apply_is_server_side_and_idempotent_and_status_shows_replicas_and
         assert len(patches) == len(docs)
         assert all(r["content_type"] == "application/apply-patch+yaml" and r["query"]["fieldManager"] == "rollart"
                    and r["query"]["force"] == "true" for r in patches)
-        assert patches[0]["path"] == f"/api/v1/namespaces/rollart"  # the namespace before what lives in it
+        assert patches[0]["path"] == "/api/v1/namespaces/rollart"  # the namespace before what lives in it
         uids = {path: obj["metadata"]["uid"] for path, obj in api.objects.items()}
 
         again = cli("apply", config_path, "--kubeconfig", kubeconfig)
