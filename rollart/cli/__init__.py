@@ -340,8 +340,14 @@ def replay_cmd(config: ConfigOption = None,
                max_reward: Annotated[Optional[float], typer.Option(help="Only rewards <= this.")] = None,
                abort_reason: Annotated[Optional[str], typer.Option(help="Only aborts with this reason.")] = None,
                policy_version: Annotated[Optional[int], typer.Option(help="Only messages of this policy version.")] = None,
+               follow: Annotated[bool, typer.Option(help="With --traj: the trajectory's history across every "
+                                                         "topic (task, turns, aborts, completion, score).")] = False,
+               refeed_to: Annotated[Optional[str], typer.Option(help="Copy the selected messages into this job's "
+                                                                     "topic, exactly once (the source is untouched).")] = None,
+               refeed_topic: Annotated[Optional[str], typer.Option(help="Destination topic (default: --topic).")] = None,
                ) -> None:
-    """Print a topic's trajectories decoded to text (or JSONL with --json)."""
+    """Print a topic's trajectories decoded to text (or JSONL with --json); follow one trajectory
+    across topics (--follow); re-feed selected messages into a new job (--refeed-to)."""
     from rollart.endpoints import resolve_endpoints
     from rollart.replay import ReplayFilter, render_text, replay, to_json
 
@@ -354,6 +360,13 @@ def replay_cmd(config: ConfigOption = None,
                        tag=tag, min_reward=min_reward, max_reward=max_reward, abort_reason=abort_reason,
                        policy_version=policy_version)
 
+    if follow:
+        _follow_trajectory(cfg, traj, as_json, tokenizer)
+        return
+    if refeed_to:
+        _refeed(cfg, topic, flt, refeed_to, refeed_topic, as_json)
+        return
+
     async def go() -> int:
         n = 0
         async for record, message in replay(cfg, resolve_endpoints(cfg), topic, flt):
@@ -363,6 +376,39 @@ def replay_cmd(config: ConfigOption = None,
 
     if _run(go()) == 0 and not as_json:
         err_console.print(f"no records in {cfg.job}.{topic} match")
+
+
+def _follow_trajectory(cfg: RollartConfig, traj: str | None, as_json: bool, tokenizer) -> None:
+    from rollart.endpoints import resolve_endpoints
+    from rollart.replay import to_json
+    from rollart.trace import describe, trace
+
+    if not traj:
+        err_console.print("[red]--follow needs --traj[/red]")
+        raise typer.Exit(2)
+    entries = _run(trace(cfg, resolve_endpoints(cfg), traj))
+    if not entries:
+        err_console.print(f"[red]no record of trajectory {traj} in job {cfg.job}[/red]")
+        raise typer.Exit(1)
+    for entry in entries:
+        print(to_json(tokenizer, entry.record, entry.message) if as_json else describe(entry))
+
+
+def _refeed(cfg: RollartConfig, topic: str, flt, to_job: str, to_topic: str | None, as_json: bool) -> None:
+    from rollart.endpoints import resolve_endpoints
+    from rollart.refeed import refeed
+
+    try:
+        result = _run(refeed(cfg, resolve_endpoints(cfg), topic, flt, to_job=to_job, to_topic=to_topic))
+    except (ValueError, KeyError) as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result.__dict__))
+        return
+    console.print(f"{result.selected} selected from {cfg.job}.{topic}: {result.produced} produced to "
+                  f"{to_job}.{to_topic or topic}, {result.already_there} already there, "
+                  f"{result.skipped_undecodable} undecodable skipped")
 
 
 def _tokenizer(cfg: RollartConfig):

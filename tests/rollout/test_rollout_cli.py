@@ -42,3 +42,59 @@ def test_rollout_mixed_then_replay(stack, tiny_model, tmp_path):
     lines = [json.loads(line) for line in one.stdout.splitlines()]
     assert len(lines) == 1 and lines[0]["message"]["trajectory"]["traj_id"] == first_id
     assert "<|im_start|>assistant" in lines[0]["text"]
+
+    follow_and_refeed(env, summary["job"], first_id)
+
+
+def replay_cli(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollart.cli", "replay", "--config", "configs/rollout-mixed.yaml",
+                           *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+def follow_and_refeed(env, job: str, traj_id: str) -> None:
+    """Replay follows one trajectory across every topic, and re-feeds it into a new job exactly once."""
+    followed = replay_cli(env, "--job", job, "--traj", traj_id, "--follow", "--json")
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    history = [json.loads(line) for line in followed.stdout.splitlines()]
+    kinds = [h["kind"] for h in history]
+    topics = [h["topic"].split(".", 1)[1] for h in history]
+    assert kinds[0] == "TaskSpec" and topics[0] == "tasks"
+    assert kinds[-2:] == ["CompletedTrajectory", "ScoredTrajectory"]
+    turns = history[-2]["message"]["turns"]
+    requests = [h for h in history if h["kind"] == "GenerationRequest"]
+    results = [h for h in history if h["kind"] == "GenerationResult"]
+    assert len(requests) == len(results) == turns >= 1, "one request and one result per LLM turn"
+    assert all(t.startswith("gen.requests.") for t, k in zip(topics, kinds) if k == "GenerationRequest")
+    assert all(t == "env.actions" for t, k in zip(topics, kinds) if k == "GenerationResult")
+    assert [r["message"]["turn"] for r in requests] == list(range(turns))
+    assert all(h["message"].get("traj_id", traj_id) == traj_id for h in history[1:-1])
+    stamps = [h["timestamp_ms"] for h in history]
+    assert stamps == sorted(stamps), "in the order it happened"
+    text = replay_cli(env, "--job", job, "--traj", traj_id, "--follow")
+    assert "request turn=0" in text.stdout and "scored reward=" in text.stdout
+
+    source_before = replay_cli(env, "--job", job, "--topic", "trajectories.completed", "--json").stdout
+    new_job = job + "-rescore"
+    first = replay_cli(env, "--job", job, "--topic", "trajectories.completed", "--traj", traj_id,
+                       "--refeed-to", new_job, "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads(first.stdout) == {"selected": 1, "produced": 1, "already_there": 0, "skipped_undecodable": 0}
+    again = replay_cli(env, "--job", job, "--topic", "trajectories.completed", "--traj", traj_id,
+                       "--refeed-to", new_job, "--json")
+    assert json.loads(again.stdout) == {"selected": 1, "produced": 0, "already_there": 1, "skipped_undecodable": 0}
+    copied = [json.loads(line) for line in
+              replay_cli(env, "--job", new_job, "--topic", "trajectories.completed", "--json").stdout.splitlines()]
+    assert [c["message"]["traj_id"] for c in copied] == [traj_id], "exactly once in the new job's topic"
+    original = next(json.loads(line) for line in source_before.splitlines()
+                    if json.loads(line)["message"]["traj_id"] == traj_id)
+    assert copied[0]["message"] == original["message"]
+    source_after = replay_cli(env, "--job", job, "--topic", "trajectories.completed", "--json").stdout
+    assert sorted(source_after.splitlines()) == sorted(source_before.splitlines()), "the source topic is untouched"
+    # a reward range of scored trajectories into the new job's trainer input
+    scored = replay_cli(env, "--job", job, "--topic", "rewards.results", "--min-reward", "-100", "--refeed-to",
+                        new_job, "--json")
+    result = json.loads(scored.stdout)
+    assert result["selected"] >= 12 and result["produced"] == result["selected"]
+    wrong = replay_cli(env, "--job", job, "--topic", "rewards.results", "--refeed-to", new_job,
+                       "--refeed-topic", "tasks")
+    assert wrong.returncode == 2 and "accepts" in wrong.stderr
