@@ -188,6 +188,10 @@ class FeederConfig(Section):
     redundancy: int = Field(default=0, ge=0)  # extra rollouts per group, aborted once group_size completed
     groups_per_batch: int = Field(default=4, ge=1)
     alpha: int | None = Field(default=1, ge=0)  # staleness bound; None: no bound (rollout without a trainer)
+    # stream: release a group whenever the bound allows (rollart). batch: release a batch's groups
+    # together, and the next batch only once every group of the previous one has ended (batch-
+    # synchronous rollout; with alpha 1 this is the "one-off" pipeline of one-step off-policy systems).
+    release: Literal["stream", "batch"] = "stream"
     max_groups: int | None = Field(default=None, ge=1)  # stop after releasing this many (None: unbounded)
     seed: int = 0
     poll_interval_s: float = Field(default=0.05, gt=0)

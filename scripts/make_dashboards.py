@@ -65,6 +65,8 @@ ROLLOUT = [
     panel(14, "Feeder: groups released / s and admission blocked", [
         (f'sum by (tag) (rate(rollart_feeder_groups_released_total{{{J}}}[1m]))', "released {{tag}}"),
         (f'max(rollart_feeder_admission_blocked{{{J}}})', "blocked")]),
+    panel(15, "Bus overhead per LLM turn p50 / p99 (round trip minus engine time)",
+          quantiles("rollart_env_generation_overhead_seconds", "pool"), "s"),
 ]
 
 TRAINING = [

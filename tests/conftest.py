@@ -6,9 +6,7 @@ Valkey. Each test gets its own job name, so topics, consumer groups and Redis ke
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from rollart.bench.harness import RunningLoops, eventually  # noqa: F401 - shared with the tests
 from rollart.config import RollartConfig, build_config
 from rollart.endpoints import Endpoints
 from rollart.local.stack import LocalStack, StackState
@@ -81,46 +80,6 @@ async def redis(endpoints: Endpoints) -> Redis:
     client = connect_redis(endpoints)
     yield client
     await client.aclose()
-
-
-async def eventually(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
-    """Wait until ``predicate()`` (sync or async) is truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-class RunningLoops:
-    """Start consumer loops as tasks; stop them all at teardown."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[Any, asyncio.Task] = {}
-
-    async def start(self, loop, *, wait_assigned: bool = True):
-        self.tasks[loop] = asyncio.create_task(loop.run())
-        await asyncio.wait({self.tasks[loop], asyncio.create_task(loop.wait_started())},
-                           return_when=asyncio.FIRST_COMPLETED)
-        if wait_assigned:
-            await eventually(lambda: loop.assignment or self.tasks[loop].done(), what="a partition assignment")
-        return loop
-
-    async def stop(self, loop) -> None:
-        loop.stop()
-        await self.tasks.pop(loop)
-
-    async def stop_all(self) -> None:
-        for loop in list(self.tasks):
-            loop.stop()
-        results = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        self.tasks.clear()
-        return results
 
 
 @pytest.fixture

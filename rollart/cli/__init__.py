@@ -26,7 +26,10 @@ app.add_typer(model_app, name="model")
 app.add_typer(local_app, name="local")
 app.add_typer(topics_app, name="topics")
 app.add_typer(bench_app, name="bench")
-from rollart.cli.deploy import deploy_app  # noqa: E402 - after the app it joins
+from rollart.cli.bench import register as register_benchmarks  # noqa: E402 - after the apps they join
+from rollart.cli.deploy import deploy_app  # noqa: E402
+
+register_benchmarks(bench_app)
 
 app.add_typer(deploy_app, name="deploy")
 

@@ -8,6 +8,7 @@ engine holds when it arrives, so a turn that spans a weight update carries both 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -117,15 +118,24 @@ class VLLMEngine:
         re-prefilled under the new weights; ``keep`` keeps their old-weight KV. Either way the requests
         go on, and tokens sampled after the resume carry the new version."""
         started = time.perf_counter()
+        async with self.paused():
+            await self.load_weights_paused(directory, version)
+        return time.perf_counter() - started
+
+    @contextlib.asynccontextmanager
+    async def paused(self):
+        """No new tokens while inside (requests in flight wait; see ``load_weights``)."""
         await self._engine.pause_generation(mode="keep", clear_cache=self.config.on_weight_update == "recompute")
         try:
-            loaded = await self._engine.collective_rpc("rollart_load_weights", args=(str(directory),))
-            if not loaded or not all(loaded):
-                raise RuntimeError(f"no tensors loaded from {directory}")
-            self.version = version
+            yield
         finally:
             await self._engine.resume_generation()
-        return time.perf_counter() - started
+
+    async def load_weights_paused(self, directory: str | Path, version: int) -> None:
+        loaded = await self._engine.collective_rpc("rollart_load_weights", args=(str(directory),))
+        if not loaded or not all(loaded):
+            raise RuntimeError(f"no tensors loaded from {directory}")
+        self.version = version
 
     @property
     def running(self) -> int:

@@ -44,6 +44,10 @@ class FaultSpec(BaseModel):
     reset_failure_rate: float = Field(default=0.0, ge=0, le=1)
     step_failure_rate: float = Field(default=0.0, ge=0, le=1)
     hang_rate: float = Field(default=0.0, ge=0, le=1)  # a step that never returns (until a timeout)
+    # A straggler: a step that takes straggler_latency on top of step_latency (a slow machine, a
+    # cold cache, a contended sandbox).
+    straggler_rate: float = Field(default=0.0, ge=0, le=1)
+    straggler_latency: Latency = Latency()
 
 
 class FaultyEnv:
@@ -65,7 +69,10 @@ class FaultyEnv:
     async def step(self, action: str) -> StepResult:
         if self.rng.random() < self.spec.hang_rate:
             await asyncio.Event().wait()  # hangs until the caller's timeout cancels it
-        await asyncio.sleep(self.spec.step_latency.draw(self.rng))
+        delay = self.spec.step_latency.draw(self.rng)
+        if self.spec.straggler_rate and self.rng.random() < self.spec.straggler_rate:  # no draw when off: same sequence as before
+            delay += self.spec.straggler_latency.draw(self.rng)
+        await asyncio.sleep(delay)
         if self.rng.random() < self.spec.step_failure_rate:
             raise EnvFailure("injected step failure")
         return await self.inner.step(action)

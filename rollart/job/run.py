@@ -67,6 +67,7 @@ class RunOptions:
     gen_members: int = 1
     max_restarts: int = 5
     progress: Callable[[dict], None] | None = None
+    cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)  # stage -> CPUs (benchmarks)
 
 
 def _job_name(config: RollartConfig, opts: RunOptions) -> str:
@@ -121,7 +122,7 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
             "ROLLART_TRAINER_CHECKPOINT_DIR": str(checkpoints.root),
             "ROLLART_TRAINER_MAX_STEPS": str(opts.steps),
             "ROLLART_WEIGHTS_FS_ROOT": str(out / "weights"),
-        }, metrics_targets=write_prometheus_config(out / "prometheus"))
+        }, metrics_targets=write_prometheus_config(out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity))
         monitor, restarts = Monitor(), Counter()
         started = time.time()
         try:

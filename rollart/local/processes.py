@@ -41,6 +41,9 @@ class StageProcesses:
     # lists them in Prometheus' file_sd format, so a local Prometheus can scrape the run.
     metrics_targets: Path | None = None
     metrics_ports: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (stage, port)
+    # stage -> CPUs its processes (and their children: vLLM's engine core) may run on, and as many
+    # compute threads (torch, OpenMP, vLLM's CPU binding) as CPUs
+    cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -57,11 +60,15 @@ class StageProcesses:
         argv = [sys.executable, "-m", "rollart.cli", "consume", stage, "--config", str(self.config_path), *args]
         process = StageProcess(name, argv, self.log_dir / f"{name}.log")
         env = self.env()
+        cpus = self.cpu_affinity.get(stage)
+        if cpus:
+            env.update(OMP_NUM_THREADS=str(len(cpus)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)))
         if self.metrics_targets is not None:
             env.update(ROLLART_METRICS_PORT=str(self._metrics_port(name, stage)), ROLLART_METRICS_HOST="127.0.0.1")
         with open(process.log, "ab") as out:
             process.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                             stdin=subprocess.DEVNULL)
+                                             stdin=subprocess.DEVNULL,
+                                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         self.stages[name] = process
         return process
 

@@ -53,6 +53,12 @@ TRAJ_LATENCY = Histogram("rollart_env_trajectory_latency_seconds", "Start to end
 RESET_LATENCY = Histogram("rollart_env_reset_latency_seconds", "env.reset time", _L, buckets=_SECONDS)
 STEP_LATENCY = Histogram("rollart_env_step_latency_seconds", "env.step time", _L, buckets=_SECONDS)
 RUNNING = Gauge("rollart_env_running_trajectories", "Trajectories in progress in this member", ("job",))
+# Per LLM turn: the env's request-to-result time minus the engine's own time for the request, i.e. what
+# the bus (produce, fetch, dispatch, reply) and the generation consumer add on top of the engine.
+GENERATION_OVERHEAD = Histogram("rollart_env_generation_overhead_seconds",
+                                "Per turn: round trip seen by the env minus the engine's time (the bus's tax)",
+                                ("job", "pool"), buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
+                                                          0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5))
 GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
 
 
@@ -242,7 +248,9 @@ class EnvManager:
             raise TrajectoryAborted("generation_timeout") from None
         except NoReplyPartition:
             raise TrajectoryAborted("ownership_lost") from None
-        builder.add_time("generation", time.perf_counter() - started)
+        round_trip = time.perf_counter() - started
+        builder.add_time("generation", round_trip)
+        GENERATION_OVERHEAD.labels(self.config.job, pool).observe(max(0.0, round_trip - result.latency_s))
         return result
 
     async def _check_staleness(self, builder: TrajectoryBuilder) -> None:

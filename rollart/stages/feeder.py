@@ -114,6 +114,16 @@ class Feeder:
         ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
         return version if ok else None
 
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _previous_batch_ended(self) -> bool:
+        """No group is running (batch release: the next batch waits for the last one's stragglers)."""
+        return (await self.admission.snapshot()).running <= 0
+
     async def run(self) -> int:
         """Release groups until ``feeder.max_groups`` or stop(); returns how many this run released."""
         cfg = self.config.feeder
@@ -123,13 +133,13 @@ class Feeder:
             n = await self.released_count()
             if cfg.max_groups is not None and n >= cfg.max_groups:
                 break
+            if cfg.release == "batch" and n % cfg.groups_per_batch == 0 and not await self._previous_batch_ended():
+                await self._pause(cfg.poll_interval_s)
+                continue
             version = await self._admit(n)
             BLOCKED.labels(self.config.job).set(1 if version is None else 0)
             if version is None:
-                try:
-                    await asyncio.wait_for(self._stop.wait(), cfg.poll_interval_s)
-                except asyncio.TimeoutError:
-                    pass
+                await self._pause(cfg.poll_interval_s)
                 continue
             task = replace(self.task(n), admitted_version=version)
             await self.rt.producer.send_and_wait("tasks", task, key=task.group_id, policy_version=version)

@@ -1,0 +1,119 @@
+"""``rollart bench pipeline-efficiency``: what the bus costs on top of the engine.
+
+The same multi-turn trajectories (``CountdownEnv``, no env latency, ``turns`` LLM turns each), the
+same engine, the same number in flight, run two ways:
+
+* raw: coroutines call the vLLM engine directly and step the env in-process (the best any rollout
+  loop on this engine could do);
+* pipeline: rollart's env stage and generation consumer exchange every turn over the bus
+  (GenerationRequest on ``gen.requests.<pool>``, GenerationResult on ``env.actions``).
+
+Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the env's
+round trip minus the engine's own time for the request (``rollart_env_generation_overhead_seconds``),
+p50/p99 from that histogram, as Grafana would show it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from rollart.bench.envs import CountdownEnv
+from rollart.bench.session import BENCH_POOL, BenchSession, bench_session
+from rollart.config import RollartConfig
+from rollart.messages import GenerationRequest, Int32Array, SamplingParams
+
+
+async def _raw_trajectory(session: BenchSession, traj_id: str, seed: int, turns: int, max_tokens: int) -> int:
+    env, chat = CountdownEnv(turns=turns), session.chat
+    tokens = chat.initial(env.system_prompt, await env.reset(seed))
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, stop_token_ids=chat.stop_token_ids)
+    generated = 0
+    for turn in range(turns):
+        request = GenerationRequest(traj_id=traj_id, turn=turn, group_id=traj_id, tag="work", pool=BENCH_POOL,
+                                    prompt_ids=Int32Array(tokens), reply_partition=0, sampling=params)
+        result = await session.engine.generate(request)
+        generated += len(result.token_ids)
+        step = await env.step(chat.decode_action(result.token_ids))
+        if step.done:
+            break
+        tokens = tokens + list(result.token_ids) + chat.continuation(step.observation, result.token_ids)
+    return generated
+
+
+async def _raw(session: BenchSession, prefix: str, n: int, turns: int, max_tokens: int) -> tuple[float, int]:
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(_raw_trajectory(session, f"{prefix}{i}", i, turns, max_tokens) for i in range(n)))
+    return time.perf_counter() - started, sum(counts)
+
+
+async def _pipeline(harness, prefix: str, n: int, group_size: int) -> tuple[float, int]:
+    ids = [f"{prefix}g{g}" for g in range(n // group_size)]
+    started = time.perf_counter()
+    for g, group_id in enumerate(ids):
+        await harness.submit(group_id, "work", group_size=group_size, seed=g)
+    await harness.wait_groups({group_id: group_size for group_id in ids}, timeout=900)
+    elapsed = time.perf_counter() - started
+    trajectories = [harness.completed[t] for group_id in ids for t in harness.ended(group_id)["completed"]]
+    if len(trajectories) != n:
+        raise RuntimeError(f"{n - len(trajectories)} trajectories did not complete")
+    return elapsed, sum(int(sum(t.loss_mask)) for t in trajectories)
+
+
+def histogram_quantile(name: str, labels: dict[str, str], q: float) -> float:
+    """Prometheus' histogram_quantile over this process's cumulative buckets (linear in a bucket)."""
+    buckets = []
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name == f"{name}_bucket" and all(sample.labels.get(k) == v for k, v in labels.items()):
+                buckets.append((float(sample.labels["le"]), sample.value))
+    buckets.sort()
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    rank, previous_le, previous_count = q * buckets[-1][1], 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return previous_le
+            return previous_le + (le - previous_le) * (rank - previous_count) / max(count - previous_count, 1e-12)
+        previous_le, previous_count = le, count
+    return buckets[-2][0]
+
+
+async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int = 64, turns: int = 8,
+                         max_tokens: int = 8, repeats: int = 3) -> dict[str, Any]:
+    async with bench_session(config, work_dir) as session:
+        tag = {"env": "rollart.bench.envs:CountdownEnv", "env_kwargs": {"turns": turns}, "max_turns": turns,
+               "reward": {"type": "env"}}
+        cfg = session.config("bench-pipeline", tags={"work": tag},
+                             env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}})
+        runs: dict[str, list[tuple[float, int]]] = {"raw": [], "pipeline": []}
+        async with session.harness(cfg) as harness:
+            await harness.ready()
+            await _pipeline(harness, "warmup-", 8, 8)
+            await _raw(session, "warmup-raw-", 8, turns, max_tokens)
+            for rep in range(repeats):
+                for mode in (("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw")):
+                    if mode == "raw":
+                        runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
+                    else:
+                        runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
+        labels = {"job": cfg.job, "pool": BENCH_POOL}
+        p50 = histogram_quantile("rollart_env_generation_overhead_seconds", labels, 0.5)
+        p99 = histogram_quantile("rollart_env_generation_overhead_seconds", labels, 0.99)
+    rows = []
+    for mode, results in runs.items():
+        rates = sorted(tokens / seconds for seconds, tokens in results)
+        rows.append({"mode": mode, "tokens_per_s": rates[len(rates) // 2],
+                     "seconds": sorted(s for s, _ in results)[len(results) // 2],
+                     "tokens": results[0][1], "runs_tokens_per_s": rates})
+    efficiency = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    rows.append({"mode": "bus overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000})
+    return {"benchmark": "pipeline-efficiency", "efficiency": efficiency,
+            "turn_overhead_p50_s": p50, "turn_overhead_p99_s": p99,
+            "setup": {"trajectories_in_flight": trajectories, "turns": turns, "max_tokens": max_tokens,
+                      "repeats": repeats}, "rows": rows}

@@ -1,0 +1,135 @@
+"""``rollart bench NAME --out FILE.json``: the ablations, each printing its figure beside its baseline."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rollart.config import ConfigError, load_config
+
+console = Console() if Console().is_terminal else Console(width=200)  # tables whole in logs and CI
+
+ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML (endpoints, model).")]
+OutOption = Annotated[Optional[Path], typer.Option(help="Write the result JSON here.")]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def print_result(result: dict[str, Any], columns: list[str], headline: str) -> None:
+    table = Table(*columns, title=result["benchmark"])
+    for row in result["rows"]:
+        table.add_row(*(_fmt(row.get(c, "")) for c in columns))
+    console.print(table)
+    key = "efficiency" if "efficiency" in result else "speedup"
+    console.print(f"{headline}: [bold]{result[key]:.2f}{'x' if key == 'speedup' else ''}[/bold]")
+
+
+def run_benchmark(config_path: Path | None, out: Path | None, measure: Callable[..., Any], columns: list[str],
+                  headline: str, **kwargs: Any) -> dict[str, Any]:
+    from rollart.bench.session import write_result
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    with tempfile.TemporaryDirectory(prefix="rollart-bench-") as work:
+        result = asyncio.run(measure(config, Path(work), **kwargs))
+    print_result(result, columns, headline)
+    write_result(result, out)
+    if out:
+        console.print(f"result: {out}")
+    return result
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("traj-vs-batch")
+    def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
+                          mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.05,
+                          repeats: int = 3, trajectories: int = 64, turns: int = 8) -> None:
+        """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency."""
+        from rollart.bench.rollout_modes import bench_traj_vs_batch
+
+        run_benchmark(config, out, bench_traj_vs_batch,
+                      ["sigma_over_mu", "batch_s", "trajectory_s", "speedup"],
+                      "trajectory-level over batched at the largest sigma/mu", mu_s=mu, repeats=repeats,
+                      groups=max(1, trajectories // 8), group_size=8, turns=turns)
+
+    @bench_app.command("redundancy")
+    def redundancy_cmd(config: ConfigOption = None, out: OutOption = None, redundancy: int = 2, repeats: int = 2,
+                       failure_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.01,
+                       straggler_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.02,
+                       straggler_s: float = 1.5) -> None:
+        """Rollout time per step with and without redundant rollouts, under env failures and stragglers."""
+        from rollart.bench.redundancy import bench_redundancy
+
+        run_benchmark(config, out, bench_redundancy,
+                      ["redundancy", "rollouts_per_group", "per_step_s", "groups_released", "groups_incomplete"],
+                      "redundant rollout over none (time per step)", redundancy=redundancy, repeats=repeats,
+                      failure_rate=failure_rate, straggler_rate=straggler_rate, straggler_s=straggler_s)
+
+    @bench_app.command("pipeline-efficiency")
+    def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
+                     max_tokens: int = 8, repeats: int = 3) -> None:
+        """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn bus overhead p50/p99."""
+        from rollart.bench.pipeline import bench_pipeline
+
+        run_benchmark(config, out, bench_pipeline, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
+                      "pipeline over raw engine (tokens/s)", trajectories=trajectories, turns=turns,
+                      max_tokens=max_tokens, repeats=repeats)
+
+    @bench_app.command("scale")
+    def scale_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 1000, turns: int = 4,
+                  step_s: Annotated[float, typer.Option(help="Env step latency (keeps trajectories open).")] = 2.0) -> None:
+        """One env consumer process holding N concurrent trajectories: memory and CPU per trajectory."""
+        from rollart.bench.scale import bench_scale
+
+        run_benchmark(config, out, bench_scale, ["measure", "value"], "share of the target held concurrently",
+                      trajectories=trajectories, turns=turns, step_s=step_s)
+
+    @bench_app.command("weight-sync")
+    def weight_sync_cmd(config: ConfigOption = None, out: OutOption = None, versions: int = 6,
+                        hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 768,
+                        layers: int = 12) -> None:
+        """Exposed weight-sync time per step: background pull through Mooncake vs a blocking push."""
+        from rollart.bench.weight_sync import bench_weight_sync
+
+        result = run_benchmark(config, out, bench_weight_sync, ["mode", "pull_s", "load_s", "exposed_s", "versions"],
+                               "blocking exposed over background exposed", versions=versions, hidden=hidden,
+                               layers=layers)
+        console.print(f"share of the sync hidden behind generation: {result['hidden_share']:.0%} "
+                      f"({result['bytes_per_version'] / 2**20:.0f} MiB per version)")
+
+    @bench_app.command("serverless-reward")
+    def serverless_reward_cmd(config: ConfigOption = None, out: OutOption = None, bursts: int = 6, burst: int = 64,
+                              gap_s: float = 2.0, service_s: float = 0.05, slots: int = 4,
+                              cold_start_s: float = 0.25) -> None:
+        """Rewards on a dedicated worker vs the HTTP function bridge under bursty completions."""
+        from rollart.bench.serverless_reward import bench_serverless_reward
+
+        run_benchmark(config, out, bench_serverless_reward,
+                      ["mode", "capacity", "burst_makespan_s", "reward_latency_p50_s", "reward_latency_p99_s",
+                       "utilisation", "cold_starts", "scored"],
+                      "dedicated over serverless (burst makespan)", bursts=bursts, burst=burst, gap_s=gap_s,
+                      service_s=service_s, slots=slots, cold_start_s=cold_start_s)
+
+    @bench_app.command("async")
+    def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2) -> None:
+        """Training throughput: sync (alpha 0), one-off, alpha 1 and 2; generation and trainer on separate CPUs."""
+        from rollart.bench.async_modes import bench_async
+
+        run_benchmark(config, out, bench_async,
+                      ["mode", "trajectories_per_s", "tokens_per_s", "step_s", "wait_s_mean", "train_s_mean",
+                       "staleness_max", "speedup_vs_sync"],
+                      "best asynchronous mode over sync (trajectories/s)", config_path=config, steps=steps,
+                      warmup=warmup)

@@ -1,0 +1,77 @@
+"""The benchmark commands run and write the JSON the README and the issue promise.
+
+Small settings: this checks the machinery (the figures are measured with the defaults, by hand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rollart.bench.async_modes import _throughput
+from rollart.bench.envs import CountdownEnv, set_lockstep
+from tests.conftest import REPO
+
+
+def bench(tmp_path, stack, model, *args: str) -> dict:
+    out = tmp_path / f"{args[0]}.json"
+    env = {**os.environ, "ROLLART_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, "ROLLART_REDIS_URL": stack.redis_url,
+           "ROLLART_MODEL_PATH": str(model), "ROLLART_MODEL_INIT_TINY": "false"}
+    result = subprocess.run([sys.executable, "-m", "rollart.cli", "bench", *args, "--out", str(out)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == args[0] and data["rows"]
+    assert isinstance(data.get("speedup", data.get("efficiency")), float)
+    return data
+
+
+def test_traj_vs_batch_runs_both_schedules(tmp_path, stack, tiny_model):
+    data = bench(tmp_path, stack, tiny_model, "traj-vs-batch", "--trajectories", "8", "--turns", "2", "--repeats", "1",
+                 "--mu", "0.05")
+    assert [row["sigma_over_mu"] for row in data["rows"]] == [0.1, 0.5, 1.0]
+    for row in data["rows"]:
+        # lock step can only add waiting: the batch schedule is never much faster on the same draws
+        assert row["batch_s"] > 0 and row["trajectory_s"] > 0 and row["speedup"] > 0.7
+
+
+def test_serverless_reward_scores_every_burst(tmp_path, stack, tiny_model):
+    data = bench(tmp_path, stack, tiny_model, "serverless-reward", "--bursts", "2", "--burst", "16", "--gap-s", "0.5")
+    dedicated, serverless = data["rows"]
+    assert dedicated["scored"] == serverless["scored"] == 32
+    assert serverless["cold_starts"] >= 1 and dedicated["cold_starts"] == 0
+    assert 0 < dedicated["utilisation"] <= 1
+
+
+async def test_lockstep_envs_wait_for_the_slowest():
+    set_lockstep("t", 2)
+    fast, slow = CountdownEnv(turns=2, lockstep="t"), CountdownEnv(turns=2, lockstep="t")
+    await fast.reset(0)
+    await slow.reset(1)
+
+    async def late_step():
+        await asyncio.sleep(0.2)
+        return await slow.step("Left")
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first, _ = await asyncio.gather(fast.step("Left"), late_step())
+    assert loop.time() - started >= 0.2 and not first.done
+    results = await asyncio.gather(fast.step("Up"), slow.step("Up"))
+    assert all(r.done and r.reward == 1.0 for r in results)
+
+
+def test_async_throughput_is_measured_after_the_warmup():
+    record = [{"time": 100.0 + 10 * i, "samples": 32, "tokens": 64, "staleness_max": 1, "wait_s": 1.0, "train_s": 2.0}
+              for i in range(5)]
+    record.insert(2, {"event": "resume"})
+    result = _throughput(record, warmup=2)
+    assert result["trajectories_per_s"] == pytest.approx(32 * 2 / 20)
+    assert result["tokens_per_s"] == pytest.approx(64 * 2 / 20)
+    with pytest.raises(RuntimeError):
+        _throughput(record[:3], warmup=2)
