@@ -43,10 +43,14 @@ class Health:
         with self._lock:
             self._beats.pop(loop, None)
 
-    def _stalled(self, limit_s: float) -> tuple[dict[str, float], list[str]]:
+    def ages(self) -> dict[str, float]:
+        """Seconds since each registered loop last beat."""
         now = self._clock()
         with self._lock:
-            ages = {loop: now - at for loop, at in self._beats.items()}
+            return {loop: now - at for loop, at in self._beats.items()}
+
+    def _stalled(self, limit_s: float) -> tuple[dict[str, float], list[str]]:
+        ages = self.ages()
         return ages, sorted(loop for loop, age in ages.items() if age > limit_s)
 
     def liveness(self) -> Verdict:

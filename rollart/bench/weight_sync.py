@@ -89,7 +89,7 @@ async def _measure(session: BenchSession, work_dir: Path, model_path: Path, vers
             manifest, _ = await asyncio.to_thread(publisher.publish, version, state)
             await asyncio.sleep(0.5)  # the load is running again after the previous sync
             runs[mode].append(await _sync_once(session, transport, manifest, version, work_dir / "staging", mode))
-            await asyncio.to_thread(publisher.collect, version)
+            await asyncio.to_thread(publisher.collect, version + 1)  # one version in the store at a time
     finally:
         stop.set()
         with contextlib.suppress(Exception):

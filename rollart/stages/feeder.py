@@ -126,7 +126,12 @@ class Feeder:
 
     async def run(self) -> int:
         """Release groups until ``feeder.max_groups`` or stop(); returns how many this run released."""
-        cfg = self.config.feeder
+        try:
+            return await self._release(self.config.feeder)
+        finally:
+            health.forget("feeder")  # done or stopping: no longer a loop the probes should watch
+
+    async def _release(self, cfg) -> int:
         released = 0
         while not self._stop.is_set():
             health.beat("feeder")
