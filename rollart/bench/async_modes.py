@@ -69,14 +69,17 @@ async def _run_mode(base: dict[str, Any], mode: str, work_dir: Path, steps: int,
     return row
 
 
-async def bench_async(config: RollartConfig, work_dir: Path, *, config_path: Path | None = None, steps: int = 10,
+async def bench_async(config: RollartConfig, work_dir: Path, *, job_yaml: Path | None = None, steps: int = 10,
                       warmup: int = 2, modes: tuple[str, ...] = tuple(MODES)) -> dict[str, Any]:
-    base = yaml.safe_load(config_path.read_text()) if config_path else {}
+    base = yaml.safe_load(job_yaml.read_text()) if job_yaml else {}
     base.setdefault("tags", {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}})
     base.setdefault("feeder", {"group_size": 8, "groups_per_batch": 4})
     base.setdefault("env", {"max_groups": 8, "sampling": {"temperature": 1.0, "max_tokens": 4}})
     base.setdefault("trainer", {"micro_batch": 32})
     base.setdefault("bus", {"fetch_max_wait_ms": 5})
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; choose from {list(MODES)}")
     pinning = _pinning()
     rows = [await _run_mode(base, mode, work_dir, steps, warmup, pinning) for mode in modes]
     by_mode = {r["mode"]: r for r in rows}
@@ -86,5 +89,5 @@ async def bench_async(config: RollartConfig, work_dir: Path, *, config_path: Pat
     best = max(rows, key=lambda r: r["trajectories_per_s"])
     return {"benchmark": "async", "speedup": best["speedup_vs_sync"], "best_mode": best["mode"],
             "pinning": {k: list(v) for k, v in pinning.items()}, "bound": 2.0, "paper": "2.65-4.58x on GPUs",
-            "setup": {"steps": steps, "warmup_steps": warmup, "config": str(config_path) if config_path else None},
+            "setup": {"steps": steps, "warmup_steps": warmup, "config": str(job_yaml) if job_yaml else None},
             "rows": rows}

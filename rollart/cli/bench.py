@@ -124,12 +124,14 @@ def register(bench_app: typer.Typer) -> None:
                       service_s=service_s, slots=slots, cold_start_s=cold_start_s)
 
     @bench_app.command("async")
-    def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2) -> None:
+    def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,
+                  modes: Annotated[str, typer.Option(help="Comma-separated subset of sync,one-off,alpha=1,alpha=2.")]
+                  = "sync,one-off,alpha=1,alpha=2") -> None:
         """Training throughput: sync (alpha 0), one-off, alpha 1 and 2; generation and trainer on separate CPUs."""
         from rollart.bench.async_modes import bench_async
 
         run_benchmark(config, out, bench_async,
                       ["mode", "trajectories_per_s", "tokens_per_s", "step_s", "wait_s_mean", "train_s_mean",
                        "staleness_max", "speedup_vs_sync"],
-                      "best asynchronous mode over sync (trajectories/s)", config_path=config, steps=steps,
-                      warmup=warmup)
+                      "best asynchronous mode over sync (trajectories/s)", job_yaml=config, steps=steps,
+                      warmup=warmup, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))

@@ -75,3 +75,13 @@ def test_async_throughput_is_measured_after_the_warmup():
     assert result["tokens_per_s"] == pytest.approx(64 * 2 / 20)
     with pytest.raises(RuntimeError):
         _throughput(record[:3], warmup=2)
+
+
+def test_async_runs_a_training_job_pinned_and_measures_it(tmp_path, stack, tiny_model):
+    data = bench(tmp_path, stack, tiny_model, "async", "--steps", "3", "--warmup", "1", "--modes", "one-off")
+    (row,) = data["rows"]
+    assert row["mode"] == "one-off" and row["trajectories_per_s"] > 0 and row["staleness_max"] <= 1
+    assert data["speedup"] == 1.0  # the only mode is its own baseline
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert data["pinning"]["generation"] and data["pinning"]["trainer"]
+        assert not set(data["pinning"]["generation"]) & set(data["pinning"]["trainer"])
