@@ -192,6 +192,12 @@ class FeederConfig(Section):
     # together, and the next batch only once every group of the previous one has ended (batch-
     # synchronous rollout; with alpha 1 this is the "one-off" pipeline of one-step off-policy systems).
     release: Literal["stream", "batch"] = "stream"
+    # Liveness: when the bound holds the feeder back and the trainer has waited this long for a batch,
+    # release one more batch anyway. The counters can over-count after crashes (a group accepted at
+    # the env stage that the trainer cannot use, a slot reserved by a feeder killed before it sent the
+    # task, a Redis rebuild); without this the run would stop. Staleness stays bounded: stale rollouts
+    # are aborted and stale groups evicted. None: never.
+    starvation_release_s: float | None = Field(default=30.0, gt=0)
     max_groups: int | None = Field(default=None, ge=1)  # stop after releasing this many (None: unbounded)
     seed: int = 0
     poll_interval_s: float = Field(default=0.05, gt=0)

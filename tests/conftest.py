@@ -102,3 +102,14 @@ def chat(tiny_model):
     from rollart.rollout.chat import ChatFormat
 
     return ChatFormat.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="session")
+async def engine(tiny_model):
+    from rollart.config import GenerationConfig
+    from rollart.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=64, max_model_len=2048))
+    await engine.start()
+    yield engine
+    engine.shutdown()

@@ -30,6 +30,9 @@ from rollart.cli.bench import register as register_benchmarks  # noqa: E402 - af
 from rollart.cli.deploy import deploy_app  # noqa: E402
 
 register_benchmarks(bench_app)
+from rollart.cli.chaos import register as register_chaos  # noqa: E402
+
+register_chaos(app)
 
 app.add_typer(deploy_app, name="deploy")
 

@@ -7,6 +7,7 @@ job name passed in the environment, its output in ``<log_dir>/<name>.log``. Stop
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,18 @@ from pathlib import Path
 from rollart.endpoints import Endpoints
 
 
+def _in_child(cpus: tuple[int, ...] | None) -> None:
+    """In the stage process before exec: SIGTERM it when the runner dies (a runner killed with
+    SIGKILL would otherwise leave every stage running, detached in its own session), and pin it."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 @dataclass
 class StageProcess:
     name: str
@@ -27,6 +40,16 @@ class StageProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def reap_group(self) -> None:
+        """SIGKILL whatever is left of the stage's process group: a stage killed with SIGKILL leaves
+        its children (vLLM's engine core and workers, gigabytes) orphaned otherwise."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 @dataclass
@@ -57,6 +80,8 @@ class StageProcesses:
 
     def start(self, name: str, stage: str, *args: str) -> StageProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if name in self.stages:  # a restart: clear out what the dead member left behind
+            self.stages[name].reap_group()
         argv = [sys.executable, "-m", "rollart.cli", "consume", stage, "--config", str(self.config_path), *args]
         process = StageProcess(name, argv, self.log_dir / f"{name}.log")
         env = self.env()
@@ -67,8 +92,8 @@ class StageProcesses:
             env.update(ROLLART_METRICS_PORT=str(self._metrics_port(name, stage)), ROLLART_METRICS_HOST="127.0.0.1")
         with open(process.log, "ab") as out:
             process.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                             stdin=subprocess.DEVNULL,
-                                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                                             stdin=subprocess.DEVNULL, start_new_session=True,  # own group
+                                             preexec_fn=lambda: _in_child(cpus))
         self.stages[name] = process
         return process
 
@@ -90,6 +115,8 @@ class StageProcesses:
         if process.alive():
             process.proc.send_signal(sig)
             process.proc.wait()
+        if sig == signal.SIGKILL:
+            process.reap_group()
 
     def failed(self) -> list[str]:
         """Stages that exited with an error (a feeder that released all its groups exits 0)."""
@@ -107,6 +134,8 @@ class StageProcesses:
             except subprocess.TimeoutExpired:
                 process.proc.kill()
                 process.proc.wait()
+        for process in self.stages.values():
+            process.reap_group()  # children a stage did not take down with it
         return {name: p.proc.returncode if p.proc else None for name, p in self.stages.items()}
 
     def tail(self, name: str, lines: int = 30) -> str:

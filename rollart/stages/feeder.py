@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass, replace
@@ -25,8 +26,13 @@ from rollart.config import RollartConfig
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import AdmissionCounters, VersionStore
+from rollart.state.admission import starving_key
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
+log = logging.getLogger(__name__)
+
+STARVATION_RELEASES = Counter("rollart_feeder_starvation_releases_total",
+                              "Batches released past the bound because the trainer was starving", ("job",))
 BLOCKED = Gauge("rollart_feeder_admission_blocked", "1 while the staleness bound holds the feeder back", ("job",))
 
 
@@ -65,6 +71,7 @@ class Feeder:
         self.rt = runtime
         self.config = runtime.config
         self.sources = sources_from(self.config)
+        self._forced_left, self._last_forced = 0, 0.0
         self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
         self.counter_key = f"{self.config.redis.key_prefix}:{self.config.job}:feeder:released"
@@ -112,7 +119,29 @@ class Feeder:
             # opens again as versions advance (conservative: aborted groups are not given back).
             await self.admission.rebuild(accepted=released, running=0)
         ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
+        if not ok and await self._starvation_release():
+            await self.admission.force_admit(1)
+            return version
         return version if ok else None
+
+    async def _starvation_release(self) -> bool:
+        """One more group (of a batch) past the bound when the trainer has starved long enough."""
+        cfg = self.config.feeder
+        if self._forced_left > 0:
+            self._forced_left -= 1
+            return True
+        if cfg.starvation_release_s is None:
+            return False
+        since = await self.rt.redis.get(starving_key(self.config.redis.key_prefix, self.config.job))
+        now = time.time()
+        if since is None or now - float(since) < cfg.starvation_release_s \
+                or now - self._last_forced < cfg.starvation_release_s:
+            return False
+        self._last_forced, self._forced_left = now, cfg.groups_per_batch - 1
+        STARVATION_RELEASES.labels(self.config.job).inc()
+        log.warning("the trainer has waited %.0fs for a batch while the staleness bound holds the feeder back: "
+                    "releasing one batch past it", now - float(since))
+        return True
 
     async def _pause(self, seconds: float) -> None:
         try:

@@ -32,6 +32,7 @@ from rollart.training.algorithms import PolicyLossConfig
 from rollart.training.buffer import Group, SampleBuffer
 from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
+from rollart.state.admission import starving_key
 from rollart.weights.follower import pulling_versions
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class TrainerStage:
                  writer: VersionWriter, *, pad_id: int, state: TrainerState | None = None):
         self.rt = rt
         self.config = rt.config
+        self._starving_since: float | None = None  # waiting for a batch since (Unix time)
+        self._starving_marked = 0.0
         cfg = self.config
         self.backend = backend
         self.checkpoints = checkpoints
@@ -130,16 +133,28 @@ class TrainerStage:
             self._settle(self.buffer.drop_uninformative_groups(), "uninformative")
             batch = self.buffer.take_batch(self.version)
             if batch is not None:
+                self._starving_since = None
                 return batch
             if len(self.waiting) >= self.max_in_flight:
                 group = self.buffer.evict_oldest_incomplete()
                 if group is not None:
                     self._settle([group], "incomplete_group")
                     continue
+            await self._mark_starving()
             self.arrived.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), 0.5)
         return None
+
+    async def _mark_starving(self) -> None:
+        """Tell the feeder how long we have waited for a batch (see feeder.starvation_release_s)."""
+        now = time.time()
+        if self._starving_since is None:
+            self._starving_since = now
+        if now - self._starving_marked >= 1.0:
+            self._starving_marked = now
+            await self.rt.redis.set(starving_key(self.config.redis.key_prefix, self.config.job),
+                                    repr(self._starving_since), ex=5)
 
     async def run(self, stop: asyncio.Event, max_steps: int | None = None) -> None:
         await self.ensure_published()

@@ -51,6 +51,11 @@ class AdmissionSnapshot:
     dropped: int
 
 
+def starving_key(prefix: str, job: str) -> str:
+    """Set by the trainer while it waits for a batch: the Unix time it started waiting (short TTL)."""
+    return f"{prefix}:{job}:trainer:starving-since"
+
+
 class AdmissionCounters:
     def __init__(self, redis: Redis, *, prefix: str, job: str):
         self.redis = redis
@@ -68,6 +73,13 @@ class AdmissionCounters:
             raise ValueError("alpha must be >= 0, groups_per_batch and groups >= 1")
         ok = await self._try_admit(keys=[self.key], args=[alpha, version, groups_per_batch, groups])
         return bool(ok)
+
+    async def force_admit(self, groups: int = 1) -> None:
+        """Reserve ``groups`` running slots past the bound (the feeder's starvation release)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(self.key, "running", groups)
+            pipe.hincrby(self.key, "admitted", groups)
+            await pipe.execute()
 
     async def finish(self, *, groups: int = 1, accepted: bool) -> int:
         """A running group ended: into the trainer's buffer (accepted) or dropped."""

@@ -31,10 +31,15 @@ def bench(tmp_path, stack, model, *args: str) -> dict:
     return data
 
 
-def test_traj_vs_batch_runs_both_schedules(tmp_path, stack, tiny_model):
-    data = bench(tmp_path, stack, tiny_model, "traj-vs-batch", "--trajectories", "8", "--turns", "2", "--repeats", "1",
-                 "--mu", "0.05")
-    assert [row["sigma_over_mu"] for row in data["rows"]] == [0.1, 0.5, 1.0]
+async def test_traj_vs_batch_runs_both_schedules(endpoints, engine, chat, tiny_model):
+    """In-process on the session's engine (the CLI glue is the same as the async benchmark's, tested below)."""
+    from rollart.bench.rollout_modes import _measure
+    from rollart.bench.session import BenchSession
+    from tests.conftest import make_config
+
+    session = BenchSession(make_config(endpoints), endpoints, engine, chat, tiny_model)
+    data = await _measure(session, 0.05, (0.5, 1.0), 1, 8, 2, 1)
+    assert [row["sigma_over_mu"] for row in data["rows"]] == [0.5, 1.0]
     for row in data["rows"]:
         # lock step can only add waiting: the batch schedule is never much faster on the same draws
         assert row["batch_s"] > 0 and row["trajectory_s"] > 0 and row["speedup"] > 0.7

@@ -7,21 +7,10 @@ from __future__ import annotations
 import pytest
 
 from rollart.bench.harness import RolloutHarness
-from rollart.config import GenerationConfig
 from rollart.runtime import open_runtime
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
 from tests.conftest import make_config
-
-
-@pytest.fixture(scope="session")
-async def engine(tiny_model):
-    from rollart.engines.vllm_engine import VLLMEngine
-
-    engine = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=64, max_model_len=2048))
-    await engine.start()
-    yield engine
-    engine.shutdown()
 
 
 @pytest.fixture

@@ -80,3 +80,35 @@ def test_bad_dataset_names_the_line(tmp_path):
     path.write_text('{"prompt": "x", "answer": "1"}\n{"prompt": "no answer"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         load_dataset(path)
+
+
+async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endpoints):
+    """Regression (found by `rollart chaos`): after crashes the admission counters over-count (a group
+    accepted at the env stage that the trainer could not use, a slot reserved by a killed feeder), the
+    bound held the feeder back forever while the trainer waited for a batch: the run stopped."""
+    import time
+
+    from rollart.state.admission import starving_key
+
+    config = make_config(endpoints, feeder={"alpha": 1, "groups_per_batch": 2, "group_size": 2,
+                                            "poll_interval_s": 0.02, "starvation_release_s": 1.0},
+                         tags={"frozenlake": {"env": "frozenlake"}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        counters = AdmissionCounters(rt.redis, prefix=config.redis.key_prefix, job=config.job)
+        await counters.rebuild(accepted=4, running=0)  # over-counted: the bound (1 + 0 + 1) * 2 = 4 is full
+        feeder = Feeder(rt)
+        run = asyncio.create_task(feeder.run())
+        await asyncio.sleep(1.5)
+        assert await _released(rt) == [], "a trainer that is not starving gets nothing past the bound"
+        key = starving_key(config.redis.key_prefix, config.job)
+        await rt.redis.set(key, repr(time.time() - 0.5), ex=5)  # waiting, but not long enough
+        await asyncio.sleep(0.3)
+        assert await _released(rt) == []
+        await rt.redis.set(key, repr(time.time() - 5), ex=5)
+        await eventually(lambda: _count(rt, 2), what="one batch released past the bound")
+        await asyncio.sleep(0.5)
+        assert len(await _released(rt)) == 2, "one batch, then the next only after another wait"
+        assert (await counters.snapshot()).running == 2
+        feeder.stop()
+        await run

@@ -1,0 +1,1 @@
+"""Fault injection and the audit that proves a run survived it (``rollart chaos``)."""

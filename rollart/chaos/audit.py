@@ -1,0 +1,136 @@
+"""After a chaos run: is every task, trajectory and bad record accounted for?
+
+Read from the topics and the trainer's record, never from Redis (it may have been flushed):
+
+* every trajectory of every group whose task the env group committed either completed or was
+  aborted with a reason (``lost`` otherwise); a group whose task is not committed was in flight when
+  the run stopped and would be rerun — not lost;
+* every completed trajectory the reward group committed past was scored or dead-lettered;
+* no trajectory was trained twice, none beyond the staleness bound;
+* every injected bad record is in its topic's DLQ (matched by source topic, partition and offset).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart.bus.dlq import H_DLQ_OFFSET, H_DLQ_PARTITION, H_DLQ_TOPIC
+from rollart.bus.reader import read_to_end
+from rollart.chaos.inject import Injected
+from rollart.config import RollartConfig
+from rollart.endpoints import Endpoints
+from rollart.lag import consumer_lag
+from rollart.messages import Abort, CompletedTrajectory, MessageDecodeError, ScoredTrajectory, TaskSpec
+from rollart.replay import ReplayFilter, replay
+from rollart.topics import expand_catalog
+
+
+@dataclass
+class Audit:
+    groups_released: int = 0
+    groups_settled: int = 0  # task committed by the env group
+    trajectories_completed: int = 0
+    trajectories_aborted: dict[str, int] = field(default_factory=dict)  # by reason
+    trajectories_lost: list[str] = field(default_factory=list)
+    unscored: list[str] = field(default_factory=list)  # completed, committed by reward, neither scored nor DLQ'd
+    scored: int = 0
+    reward_dead_lettered: int = 0
+    trained: int = 0
+    duplicates_trained: list[str] = field(default_factory=list)
+    staleness_max: int = 0
+    over_staleness: int = 0
+    bad_injected: int = 0
+    bad_not_in_dlq: list[str] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return not (self.trajectories_lost or self.unscored or self.duplicates_trained or self.over_staleness
+                    or self.bad_not_in_dlq)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "holds": self.holds}
+
+
+async def _messages(config: RollartConfig, endpoints: Endpoints, topic: str) -> list[tuple[Any, Any]]:
+    return [(r, m) async for r, m in replay(config, endpoints, topic, ReplayFilter())
+            if not isinstance(m, MessageDecodeError)]
+
+
+async def _dlq_sources(config: RollartConfig, endpoints: Endpoints) -> set[tuple[str, int, int]]:
+    sources = set()
+    for topic in expand_catalog(config):
+        if not topic.is_dlq:
+            continue
+        async for record in read_to_end(config, endpoints, topic.name):
+            headers = dict(record.headers or ())
+            if H_DLQ_TOPIC in headers:
+                sources.add((headers[H_DLQ_TOPIC].decode(), int(headers[H_DLQ_PARTITION]), int(headers[H_DLQ_OFFSET])))
+    return sources
+
+
+def _committed(rows, group: str, topic: str) -> dict[int, int]:
+    return {r.partition: r.committed or 0 for r in rows if r.group == group and r.topic == topic}
+
+
+async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[dict], alpha: int | None,
+                    injected: list[Injected]) -> Audit:
+    audit = Audit()
+    lag = await consumer_lag(config, endpoints)
+    completions = await _messages(config, endpoints, "trajectories.completed")
+    _audit_trajectories(audit, await _messages(config, endpoints, "tasks"), completions,
+                        _committed(lag, "env", "tasks"))
+    scored = {m.trajectory.traj_id for _, m in await _messages(config, endpoints, "rewards.results")
+              if isinstance(m, ScoredTrajectory)}
+    dead = await _dlq_sources(config, endpoints)
+    completed = [(r, m) for r, m in completions if isinstance(m, CompletedTrajectory)]
+    reward_committed = _committed(lag, "reward", "trajectories.completed")
+    dead_completions = {(r.topic, r.partition, r.offset) for r, _ in completed} & dead
+    audit.scored, audit.reward_dead_lettered = len(scored), len(dead_completions)
+    audit.unscored = sorted({m.traj_id for r, m in completed
+                             if r.offset < reward_committed.get(r.partition, 0) and m.traj_id not in scored
+                             and (r.topic, r.partition, r.offset) not in dead})
+    _audit_training(audit, record, alpha)
+    audit.bad_injected = len(injected)
+    audit.bad_not_in_dlq = [f"{i.topic}[{i.partition}]@{i.offset} ({i.what})" for i in injected
+                            if (i.topic, i.partition, i.offset) not in dead]
+    return audit
+
+
+def _audit_trajectories(audit: Audit, tasks, completions, task_committed: dict[int, int]) -> None:
+    ended: dict[str, str] = {}
+    aborted: Counter = Counter()
+    for _, m in completions:
+        if isinstance(m, CompletedTrajectory):
+            ended.setdefault(m.traj_id, "completed")
+        elif isinstance(m, Abort) and m.traj_id not in ended:
+            ended[m.traj_id] = f"aborted: {m.reason}"
+    for status in ended.values():
+        if status == "completed":
+            audit.trajectories_completed += 1
+        else:
+            aborted[status.split(": ", 1)[1]] += 1
+    audit.trajectories_aborted = dict(aborted)
+    seen_groups = set()
+    for record, task in tasks:
+        if not isinstance(task, TaskSpec) or task.group_id in seen_groups:
+            continue
+        seen_groups.add(task.group_id)
+        audit.groups_released += 1
+        if record.offset >= task_committed.get(record.partition, 0):
+            continue  # in flight at the stop: its task is redelivered to whoever runs the env stage next
+        audit.groups_settled += 1
+        for i in range(task.group_size + task.redundancy):
+            if f"{task.group_id}-{i}" not in ended:
+                audit.trajectories_lost.append(f"{task.group_id}-{i}")
+
+
+def _audit_training(audit: Audit, record: list[dict], alpha: int | None) -> None:
+    trained = Counter(t for row in record if "event" not in row for t in row.get("traj_ids", ()))
+    audit.trained = sum(trained.values())
+    audit.duplicates_trained = sorted(t for t, n in trained.items() if n > 1)
+    steps = [row for row in record if "event" not in row]
+    audit.staleness_max = max((row["staleness_max"] for row in steps), default=0)
+    if alpha is not None:
+        audit.over_staleness = sum(1 for row in steps if row["staleness_max"] > alpha)

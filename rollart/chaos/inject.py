@@ -1,0 +1,103 @@
+"""The faults ``rollart chaos`` injects into a running job, one function each.
+
+Process faults act on the stage processes ``rollart run`` supervises (``OUT/pids.json``): SIGKILL, then
+the runner restarts the stage (the trainer with ``--resume``). State faults delete the job's Redis
+keys. Input faults produce records no stage can decode (garbage, unknown kinds, oversized values)
+into every topic a consumer group reads; each must end in that topic's DLQ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from rollart.config import RollartConfig
+from rollart.endpoints import Endpoints, kafka_client_kwargs
+from rollart.messages.codec import H_ID, H_SCHEMA
+from rollart.topics import expand_catalog
+
+KILLABLE = ("generation", "env", "reward", "trainer", "feeder")
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A record produced on purpose that must reach its topic's DLQ."""
+
+    topic: str  # physical
+    partition: int
+    offset: int
+    what: str
+
+
+def stage_pids(out: Path) -> dict[str, int]:
+    try:
+        return json.loads((out / "pids.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def stage_of(name: str) -> str:
+    """``gen-default-0`` → generation, ``env-0`` → env, ``reward-0`` → reward."""
+    head = name.split("-", 1)[0]
+    return {"gen": "generation"}.get(head, head)
+
+
+def kill_stage(out: Path, stage: str) -> str | None:
+    """SIGKILL one process of ``stage``; returns its name (None if none runs)."""
+    for name, pid in sorted(stage_pids(out).items()):
+        if stage_of(name) == stage:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return name
+    return None
+
+
+def flush_redis(redis_url: str, config: RollartConfig, job: str) -> int:
+    """Delete every Redis key of the job (what a Redis restart without persistence does)."""
+    import redis as redis_sync
+
+    client = redis_sync.Redis.from_url(redis_url)
+    try:
+        return sum(client.delete(key) for key in client.scan_iter(match=f"{config.redis.key_prefix}:{job}:*"))
+    finally:
+        client.close()
+
+
+def bad_records(max_value_bytes: int) -> list[tuple[str, bytes, list[tuple[str, bytes]]]]:
+    """(what, value, headers) of records that must be dead-lettered."""
+    return [
+        ("garbage value", b"\x93not msgpack at all", [(H_SCHEMA, b"TaskSpec/1.0"), (H_ID, b"chaos-garbage")]),
+        ("unknown kind", b"\x80", [(H_SCHEMA, b"NoSuchKind/1.0"), (H_ID, b"chaos-kind")]),
+        ("no schema header", b"\x80", []),
+        ("oversized value", b"\x00" * (max_value_bytes + 1), [(H_SCHEMA, b"TaskSpec/1.0"), (H_ID, b"chaos-big")]),
+    ]
+
+
+def consumed_topics(config: RollartConfig) -> list[str]:
+    """Physical topics a running consumer group reads (their DLQs are where bad records must go);
+    ``rewards.judge`` has a consumer only when some tag is scored by an LLM judge."""
+    judged = any(spec.reward.type == "judge" for spec in config.tags.values())
+    return [t.name for t in expand_catalog(config) if not t.is_dlq and t.spec is not None and t.spec.consumers
+            and (t.logical != "rewards.judge" or judged)]
+
+
+async def inject_bad_messages(config: RollartConfig, endpoints: Endpoints) -> list[Injected]:
+    producer = AIOKafkaProducer(max_request_size=config.bus.max_value_bytes + (1 << 20),
+                                **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap))
+    await producer.start()
+    injected = []
+    try:
+        for topic in consumed_topics(config):
+            for what, value, headers in bad_records(config.bus.max_value_bytes):
+                meta = await producer.send_and_wait(topic, value, key=b"chaos", headers=headers)
+                injected.append(Injected(topic, meta.partition, meta.offset, what))
+    finally:
+        await producer.stop()
+    return injected

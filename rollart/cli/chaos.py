@@ -1,0 +1,55 @@
+"""``rollart chaos CONFIG --faults ... --steps N --out FILE.json``: train under faults, then audit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rollart.chaos.run import FAULTS
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("chaos")
+    def chaos_cmd(config_path: Annotated[Optional[Path], typer.Argument(help="Job config YAML (default: a "
+                                                                              "small FrozenLake job).")] = None,
+                  faults: Annotated[str, typer.Option(help="Comma-separated: " + ",".join(FAULTS))] = ",".join(FAULTS),
+                  steps: Annotated[int, typer.Option(min=2)] = 30,
+                  interval: Annotated[float, typer.Option(help="Seconds between injected faults.")] = 20.0,
+                  seed: int = 0,
+                  schedule: Annotated[Optional[str], typer.Option(help="Injected faults in this order instead of "
+                                                                       "at random, e.g. kill:trainer,redis-flush,"
+                                                                       "bad-messages,kill:generation")] = None,
+                  out: Annotated[Path, typer.Option(help="Result JSON; the run's files go beside it.")]
+                  = Path("out/chaos/result.json")) -> None:
+        """Kill stages, flush Redis, break envs and rewards, inject bad records; audit every trajectory."""
+        from rollart.chaos.run import run_chaos
+
+        wanted = {f.strip() for f in faults.split(",") if f.strip()}
+        order = [f.strip() for f in schedule.split(",") if f.strip()] if schedule else None
+        try:
+            result = asyncio.run(run_chaos(config_path, wanted, steps=steps, out=out.parent / "run",
+                                           interval_s=interval, seed=seed, schedule=order))
+        except ValueError as exc:
+            Console(stderr=True).print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        table = Table("figure", "value", title="chaos")
+        for key in ("faults_injected", "faults_survived", "trajectories_lost", "duplicates_trained", "stages_alive",
+                    "steps"):
+            table.add_row(key, str(result[key]))
+        for kind, seconds in result["recovery_s"].items():
+            table.add_row(f"recovery {kind} (s)", f"{seconds:.1f}")
+        table.add_row("audit holds", str(result["audit"]["holds"]))
+        console.print(table)
+        console.print(f"result: {out}")
+        if not result["audit"]["holds"] or not result["stages_alive"]:
+            raise typer.Exit(1)
