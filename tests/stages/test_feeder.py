@@ -91,7 +91,7 @@ async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endp
     from rollart.state.admission import starving_key
 
     config = make_config(endpoints, feeder={"alpha": 1, "groups_per_batch": 2, "group_size": 2,
-                                            "poll_interval_s": 0.02, "starvation_release_s": 1.0},
+                                            "poll_interval_s": 0.02, "starvation_release_s": 3.0},
                          tags={"frozenlake": {"env": "frozenlake"}})
     await apply_topics(config, endpoints, expand_catalog(config))
     async with open_runtime(config, serve=False) as rt:
@@ -102,13 +102,14 @@ async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endp
         await asyncio.sleep(1.5)
         assert await _released(rt) == [], "a trainer that is not starving gets nothing past the bound"
         key = starving_key(config.redis.key_prefix, config.job)
-        await rt.redis.set(key, repr(time.time() - 0.5), ex=5)  # waiting, but not long enough
+        await rt.redis.set(key, repr(time.time()), ex=10)  # waiting, but not long enough (slack for slow reads)
         await asyncio.sleep(0.3)
         assert await _released(rt) == []
-        await rt.redis.set(key, repr(time.time() - 5), ex=5)
+        await rt.redis.set(key, repr(time.time() - 10), ex=10)
         await eventually(lambda: _count(rt, 2), what="one batch released past the bound")
+        await rt.redis.delete(key)  # the trainer got its batch
         await asyncio.sleep(0.5)
-        assert len(await _released(rt)) == 2, "one batch, then the next only after another wait"
+        assert len(await _released(rt)) == 2, "one batch (of groups_per_batch groups), no more"
         assert (await counters.snapshot()).running == 2
         feeder.stop()
         await run
