@@ -11,9 +11,9 @@ from typing import Any
 
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
-from rollart.messages import Abort, CompletedTrajectory, GenerationRequest, MessageDecodeError, ScoredTrajectory, \
-    TaskSpec
-from rollart.replay import ReplayFilter, replay, traj_id_of
+from rollart.messages import Abort, CompletedTrajectory, GenerationRequest, GenerationResult, MessageDecodeError, \
+    ScoredTrajectory, TaskSpec
+from rollart.replay import ReplayFilter, replay
 from rollart.topics import expand_catalog
 
 # The order of the RL loop, for records written in the same millisecond.
@@ -76,7 +76,7 @@ def describe(entry: TraceEntry) -> str:
         what = f"scored reward={m.reward:g} by {m.scorer or '?'}"
     elif isinstance(m, CompletedTrajectory):
         what = f"completed status={m.status} turns={m.turns} env_reward={m.env_reward:g}"
-    elif traj_id_of(m) is not None and hasattr(m, "finish_reason"):
+    elif isinstance(m, GenerationResult):
         what = f"result turn={m.turn} {m.finish_reason} {len(m.token_ids)} tokens v{max(m.versions, default=-1)}"
     else:
         what = type(m).__name__

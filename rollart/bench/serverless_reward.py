@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from rollart.config import RollartConfig, build_config
-from rollart.local.stack import free_port
+from rollart.local.http_server import serve_post
 from rollart.messages import ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 
@@ -74,16 +74,6 @@ class RewardService:
         self.busy_s += time.perf_counter() - started
 
 
-async def _serve(service: RewardService) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_post("/score", service.score)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}/score"
-
-
 async def _run_mode(base: RollartConfig, endpoints, chat, service: RewardService, *, bursts: int, burst: int,
                     gap_s: float) -> dict[str, Any]:
     from rollart.bench.harness import RunningLoops, eventually
@@ -92,7 +82,7 @@ async def _run_mode(base: RollartConfig, endpoints, chat, service: RewardService
     from rollart.topics import expand_catalog
     from rollart.topics.admin import apply_topics
 
-    runner, url = await _serve(service)
+    runner, url = await serve_post(service.score)
     job = f"bench-reward-{'dedicated' if service.slots else 'serverless'}-{int(time.time() * 1000) % 10**8}"
     config = build_config({**base.model_dump(mode="json", exclude_none=True, exclude={"deploy"}), "job": job,
                            "kafka": {"bootstrap": endpoints.kafka_bootstrap}, "redis": {"url": endpoints.redis_url},

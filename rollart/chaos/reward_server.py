@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from rollart.local.stack import free_port
+from rollart.local.http_server import serve_post
 
 
 @dataclass
@@ -42,13 +42,7 @@ class FlakyRewardServer:
         return web.json_response({"reward": float(body.get("env_reward", 0.0))})
 
     async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/score", self.score)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-        self.url = f"http://127.0.0.1:{port}/score"
+        self.runner, self.url = await serve_post(self.score)
         return self.url
 
     async def stop(self) -> None:

@@ -27,6 +27,7 @@ from rollart.chaos import inject
 from rollart.chaos.audit import audit_run
 from rollart.chaos.reward_server import FlakyRewardServer
 from rollart.config import RollartConfig, load_config
+from rollart.local.stack import pid_alive
 
 CONFIGURED = ("env-hang", "env-raise", "reward-fail", "reward-slow")
 INJECTED = ("kill", "redis-flush", "bad-messages")
@@ -103,7 +104,7 @@ class ChaosDriver:
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # the runner refreshes pids.json every 0.5 s
         pids = inject.stage_pids(self.out)
-        self.stages_alive_at_end = bool(pids) and all(_alive(p) for p in pids.values())
+        self.stages_alive_at_end = bool(pids) and all(pid_alive(p) for p in pids.values())
 
     async def inject(self, kind: str) -> FaultEvent | None:
         job_cfg = self.config.model_copy(update={"job": self.job()})
@@ -131,16 +132,6 @@ class ChaosDriver:
                 event.recovered_s = min(after) - event.at
                 return
             await asyncio.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, out: Path, interval_s: float = 20.0,
