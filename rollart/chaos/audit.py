@@ -85,17 +85,24 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
               if isinstance(m, ScoredTrajectory)}
     dead = await _dlq_sources(config, endpoints)
     completed = [(r, m) for r, m in completions if isinstance(m, CompletedTrajectory)]
-    reward_committed = _committed(lag, "reward", "trajectories.completed")
-    dead_completions = {(r.topic, r.partition, r.offset) for r, _ in completed} & dead
-    audit.scored, audit.reward_dead_lettered = len(scored), len(dead_completions)
-    audit.unscored = sorted({m.traj_id for r, m in completed
-                             if r.offset < reward_committed.get(r.partition, 0) and m.traj_id not in scored
-                             and (r.topic, r.partition, r.offset) not in dead})
+    _audit_rewards(audit, completed, scored, dead, _committed(lag, "reward", "trajectories.completed"))
     _audit_training(audit, record, alpha)
     audit.bad_injected = len(injected)
     audit.bad_not_in_dlq = [f"{i.topic}[{i.partition}]@{i.offset} ({i.what})" for i in injected
                             if (i.topic, i.partition, i.offset) not in dead]
     return audit
+
+
+def _audit_rewards(audit: Audit, completed, scored: set[str], dead: set[tuple[str, int, int]],
+                   reward_committed: dict[int, int]) -> None:
+    """Per trajectory, not per record: a completion produced twice (its env member died after producing,
+    before committing) carries the same message id, so the reward group scores or dead-letters the first
+    copy and de-duplicates the second. The second copy is accounted for by the first's outcome."""
+    dead_ids = {m.traj_id for r, m in completed if (r.topic, r.partition, r.offset) in dead}
+    audit.scored, audit.reward_dead_lettered = len(scored), len(dead_ids)
+    audit.unscored = sorted({m.traj_id for r, m in completed
+                             if r.offset < reward_committed.get(r.partition, 0)
+                             and m.traj_id not in scored and m.traj_id not in dead_ids})
 
 
 def _audit_trajectories(audit: Audit, tasks, completions, task_committed: dict[int, int]) -> None:

@@ -1,0 +1,46 @@
+"""The chaos audit's bookkeeping on hand-built topic contents (the campaign test runs it on real ones)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from rollart.chaos.audit import Audit, _audit_rewards, _audit_trajectories
+from rollart.messages import Abort, TaskSpec
+from rollart.messages.samples import sample_trajectory
+
+Record = namedtuple("Record", "topic partition offset")
+TOPIC = "job.trajectories.completed"
+
+
+def completed(*rows):
+    return [(Record(TOPIC, 0, offset), sample_trajectory(traj_id)) for traj_id, offset in rows]
+
+
+def test_a_twice_produced_completion_is_accounted_for_by_its_first_copys_dead_letter():
+    # g1-0 completed twice (its env member died after producing); the first copy was dead-lettered,
+    # the second de-duplicated by the reward group: accounted for, not unscored.
+    records = completed(("g1-0", 0), ("g1-1", 1), ("g1-0", 2))
+    audit = Audit()
+    _audit_rewards(audit, records, scored={"g1-1"}, dead={(TOPIC, 0, 0)}, reward_committed={0: 3})
+    assert audit.unscored == [] and audit.reward_dead_lettered == 1 and audit.scored == 1
+
+
+def test_a_committed_completion_neither_scored_nor_dead_lettered_is_reported():
+    records = completed(("g1-0", 0), ("g1-1", 1), ("g1-2", 2))
+    audit = Audit()
+    _audit_rewards(audit, records, scored={"g1-0"}, dead=set(), reward_committed={0: 2})
+    assert audit.unscored == ["g1-1"]  # g1-2 is past the committed offset: still in flight, not lost
+    assert not audit.holds
+
+
+def test_a_settled_group_needs_every_member_ended_and_an_unsettled_one_is_in_flight():
+    tasks = [(Record("job.tasks", 0, 0), TaskSpec(group_id="g1", env="frozenlake", tag="t", group_size=2, seed=1,
+                                                  redundancy=1)),
+             (Record("job.tasks", 0, 1), TaskSpec(group_id="g2", env="frozenlake", tag="t", group_size=2, seed=2))]
+    ends = completed(("g1-0", 0), ("g1-1", 1)) + [(Record(TOPIC, 0, 2), Abort(traj_id="g1-1", turn=1,
+                                                                               reason="redundant"))]
+    audit = Audit()
+    _audit_trajectories(audit, tasks, ends, task_committed={0: 1})
+    assert audit.groups_released == 2 and audit.groups_settled == 1
+    assert audit.trajectories_lost == ["g1-2"]  # the redundant third member never ended
+    assert audit.trajectories_completed == 2 and audit.trajectories_aborted == {}
