@@ -46,8 +46,16 @@ class KafkaConfig(Section):
 
 
 class RedisConfig(Section):
-    url: str | None = None  # None: use the running local stack
+    url: str | None = None  # None: use the running local stack; rediss:// for TLS
     key_prefix: str = Field(default="rollart", min_length=1)
+    # Auth (Redis 6 ACL user, or only a password for requirepass); kept out of the URL so the password can
+    # come from a Secret as ROLLART_REDIS_PASSWORD. A password in the URL works too.
+    username: str | None = None
+    password: SecretStr | None = None
+    # TLS (a rediss:// URL): the CA to verify the server with, and a client certificate for mutual TLS.
+    ssl_ca_certs: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
 
 
 class BusConfig(Section):

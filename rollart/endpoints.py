@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from rollart.config import KafkaConfig, RollartConfig
+from rollart.config import ConfigError, KafkaConfig, RedisConfig, RollartConfig
 from rollart.local.stack import StackState, state_path
 
 
@@ -20,6 +20,8 @@ class Endpoints:
     source: str  # "config", "local stack", or "config + local stack"
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
+    # Redis auth/TLS from config (redis-py connection keywords); not printed, it holds the password.
+    redis_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def resolve_endpoints(config: RollartConfig) -> Endpoints:
@@ -30,7 +32,7 @@ def resolve_endpoints(config: RollartConfig) -> Endpoints:
             state = StackState.read()
             if state is not None and state.alive() and state.kafka_bootstrap == bootstrap:
                 master, metadata = state.mooncake_master, state.mooncake_metadata
-        return Endpoints(bootstrap, redis_url, "config", master, metadata)
+        return Endpoints(bootstrap, redis_url, "config", master, metadata, redis_client_kwargs(config.redis, redis_url))
     state = StackState.read()
     if state is not None and not state.alive():
         raise NoEndpointError(
@@ -44,8 +46,25 @@ def resolve_endpoints(config: RollartConfig) -> Endpoints:
             "run `rollart local up`, or set ROLLART_KAFKA_BOOTSTRAP / ROLLART_REDIS_URL"
         )
     source = "local stack" if not (bootstrap or redis_url) else "config + local stack"
-    return Endpoints(bootstrap or state.kafka_bootstrap, redis_url or state.redis_url, source,
-                     master or state.mooncake_master, metadata or state.mooncake_metadata)
+    redis_url = redis_url or state.redis_url
+    return Endpoints(bootstrap or state.kafka_bootstrap, redis_url, source, master or state.mooncake_master,
+                     metadata or state.mooncake_metadata, redis_client_kwargs(config.redis, redis_url))
+
+
+def redis_client_kwargs(redis: RedisConfig, url: str) -> dict[str, Any]:
+    """Auth and TLS settings for redis-py (they pass through from config; the URL may carry them too)."""
+    kwargs: dict[str, Any] = {}
+    if redis.username:
+        kwargs["username"] = redis.username
+    if redis.password is not None:
+        kwargs["password"] = redis.password.get_secret_value()
+    tls = {"ssl_ca_certs": redis.ssl_ca_certs, "ssl_certfile": redis.ssl_certfile, "ssl_keyfile": redis.ssl_keyfile}
+    tls = {k: str(v) for k, v in tls.items() if v is not None}
+    if tls and not url.startswith("rediss://"):
+        # Certificates for a plain connection would be silently unused: say so at start-up instead.
+        name = next(iter(tls))
+        raise ConfigError(f"redis.{name} is set but redis.url ({url.split('@')[-1]}) is not a rediss:// (TLS) URL")
+    return {**kwargs, **tls}
 
 
 def kafka_client_kwargs(kafka: KafkaConfig, bootstrap: str) -> dict[str, Any]:

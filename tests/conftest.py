@@ -113,3 +113,21 @@ async def engine(tiny_model):
     await engine.start()
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory) -> dict[str, Path]:
+    """A throwaway CA (trustme) and a server certificate for 127.0.0.1, as PEM files; plus a second CA
+    that signed nothing, to show verification fails."""
+    import trustme
+
+    folder = tmp_path_factory.mktemp("tls")
+    ca, stranger = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    files = {"ca": folder / "ca.pem", "cert": folder / "server.pem", "key": folder / "server.key",
+             "stranger_ca": folder / "stranger.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    server.private_key_pem.write_to_path(str(files["key"]))
+    stranger.cert_pem.write_to_path(str(files["stranger_ca"]))
+    return files

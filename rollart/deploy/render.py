@@ -100,6 +100,7 @@ class Renderer:
         """The job config the pods load: the user's, with in-cluster endpoints and paths."""
         data = self.config.model_dump(mode="json", exclude={"deploy"}, exclude_none=True)
         data["kafka"].pop("sasl_password", None)  # from the Secret, as ROLLART_KAFKA_SASL_PASSWORD
+        data["redis"].pop("password", None)  # likewise ROLLART_REDIS_PASSWORD
         data["kafka"]["bootstrap"] = self.deploy.kafka_bootstrap
         data["redis"]["url"] = self.redis_url()
         mooncake = self.mooncake_endpoints()

@@ -8,6 +8,7 @@ last number in the text; text with no number gets the format penalty.
 
 from __future__ import annotations
 
+import operator
 import random
 import re
 
@@ -38,8 +39,10 @@ def generate_problem(seed: int) -> tuple[str, str]:
     rng = random.Random(seed)
     a, b, c = rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 9)
     op1, op2 = rng.choice("+-"), rng.choice("+-*")
-    expression = f"{a} {op1} {b} {op2} {c}"
-    return f"What is {expression}?", str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - our own digits
+    apply = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+    # '*' binds tighter than '+'/'-'; otherwise left to right
+    value = apply[op1](a, b * c) if op2 == "*" else apply[op2](apply[op1](a, b), c)
+    return f"What is {a} {op1} {b} {op2} {c}?", str(value)
 
 
 class ArithmeticMath(TextEnv):

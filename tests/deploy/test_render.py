@@ -163,7 +163,8 @@ def test_bad_deploy_config_fails_naming_the_field(tmp_path):
         render_job(build_config({"deploy": {"trainer": {"autoscaling": {}}}}))
     with pytest.raises(ConfigError, match="min_replicas 3 > max_replicas 2"):
         build_config({"deploy": {"env": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}})
-    sasl = {"kafka": {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}}
+    sasl = {"kafka": {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_password": "pw1"},
+            "redis": {"url": "rediss://redis:6380/0", "password": "pw2"}}
     with pytest.raises(ConfigError, match="deploy.secret"):
         render_job(build_config(sasl))
     docs = render_job(build_config({**sasl, "deploy": {"secret": "kafka-creds"}}))
@@ -176,7 +177,8 @@ def test_bad_deploy_config_fails_naming_the_field(tmp_path):
     stage = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-env"))
     assert pod(stage)["containers"][0]["envFrom"] == [{"secretRef": {"name": "kafka-creds"}}]
     config_map = next(d for d in docs if d["kind"] == "ConfigMap")
-    assert "sasl_password" not in config_map["data"]["config.yaml"]
+    pod_yaml = config_map["data"]["config.yaml"]
+    assert "sasl_password" not in pod_yaml and "pw1" not in pod_yaml and "pw2" not in pod_yaml  # from the Secret
 
 
 def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_path):
