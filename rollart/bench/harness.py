@@ -73,20 +73,17 @@ class RolloutHarness:
 
     async def start(self, pools: list[str], *, env: bool = True) -> None:
         """Generation per pool, the reward bridge and an observer; the env stage too unless ``env``
-        is False (it then runs elsewhere, e.g. as its own process)."""
-        for pool in pools:
-            await self.start_pool(pool)
+        is False (it then runs elsewhere, e.g. as its own process). Returns when every loop holds its
+        partitions; the groups join at once (each join waits out the broker's initial rebalance delay,
+        ~3 s: one after the other they took 15 s)."""
+        loops = [self.rt.consumer_loop("observer", ["trajectories.completed", "rewards.results"], self._observe,
+                                       ordering="none", dedup=False)]
         if env:
-            tasks, actions = env_loops(self.rt, self.manager)
-            await self.loops.start(actions)
-            await self.loops.start(tasks, wait_assigned=False)
-        scoring, verdicts = reward_loops(self.rt, RewardBridge(self.rt, self.chat))
-        if verdicts is not None:
-            await self.loops.start(verdicts)
-        await self.loops.start(scoring, wait_assigned=False)
-        await self.loops.start(self.rt.consumer_loop("observer", ["trajectories.completed", "rewards.results"],
-                                                     self._observe, ordering="none", dedup=False),
-                               wait_assigned=False)
+            loops += env_loops(self.rt, self.manager)
+        loops += [loop for loop in reward_loops(self.rt, RewardBridge(self.rt, self.chat)) if loop is not None]
+        await asyncio.gather(*(self.start_pool(pool) for pool in pools),
+                             *(self.loops.start(loop, wait_assigned=False) for loop in loops))
+        await self.ready()
 
     async def ready(self, timeout: float = 60.0) -> None:
         """Every loop holds partitions: work submitted now starts at once (not after a group join)."""

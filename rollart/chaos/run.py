@@ -185,6 +185,8 @@ def chaos_result(driver: ChaosDriver, audit, report: dict, faults: set[str], rew
     for event in driver.events:
         if event.recovered_s is not None:
             recovery.setdefault(event.kind, []).append(event.recovered_s)
+            if event.kind == "kill":  # also per stage: an engine reload is not a feeder restart
+                recovery.setdefault(f"kill:{inject.stage_of(event.target)}", []).append(event.recovered_s)
     configured = [f for f in CONFIGURED if f in faults]
     survived = sum(1 for e in driver.events if e.recovered_s is not None) + (len(configured) if audit.holds else 0)
     return {

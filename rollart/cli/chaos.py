@@ -1,4 +1,5 @@
-"""``rollart chaos CONFIG --faults ... --steps N --out FILE.json``: train under faults, then audit."""
+"""Reliability commands: ``rollart chaos`` (train under faults, then audit) and ``rollart soak`` (hold a
+steady stream, report memory growth per stage)."""
 
 from __future__ import annotations
 
@@ -52,4 +53,37 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         console.print(f"result: {out}")
         if not result["audit"]["holds"] or not result["stages_alive"]:
+            raise typer.Exit(1)
+
+    @app.command("soak")
+    def soak_cmd(config_path: Annotated[Optional[Path], typer.Argument(help="Job config YAML (default: a small "
+                                                                             "FrozenLake job).")] = None,
+                 minutes: Annotated[float, typer.Option(min=0.5, help="How long to hold the stream.")] = 20.0,
+                 warmup: Annotated[float, typer.Option(help="Seconds of each process's start not judged "
+                                                            "(model load, engine warm-up).")] = 120.0,
+                 sample: Annotated[float, typer.Option(min=0.5, help="Seconds between memory samples.")] = 5.0,
+                 out: Annotated[Path, typer.Option(help="Result JSON; the run's files go beside it.")]
+                 = Path("out/soak/result.json")) -> None:
+        """Hold a steady training stream and report each stage's memory growth (it must be flat)."""
+        from rollart.chaos.soak import run_soak
+
+        try:
+            result = asyncio.run(run_soak(config_path, duration_s=minutes * 60, out=out.parent / "run",
+                                          sample_s=sample, warmup_s=warmup))
+        except ValueError as exc:
+            Console(stderr=True).print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        table = Table("stage", "baseline MiB", "end MiB", "growth MiB", "growth %", "slope MiB/h", "restarts", "flat",
+                      title=f"soak: {minutes:g} min, {result['steps']} steps, "
+                            f"{result['trajectories_trained']} trajectories trained")
+        for name, row in result["stages"].items():
+            table.add_row(name, *(str(row.get(k, "-")) for k in ("baseline_mib", "end_mib", "growth_mib", "growth_pct",
+                                                                  "slope_mib_per_h", "restarts", "flat")))
+        console.print(table)
+        console.print("throughput (trajectories/min): " + ", ".join(
+            f"{w['from_s']}s {w['trajectories_per_min']}" for w in result["throughput"]))
+        console.print(f"result: {out}")
+        if not result["flat"]:
             raise typer.Exit(1)

@@ -63,6 +63,7 @@ class RunOptions:
     out: Path
     resume: bool = False
     timeout_s: float = 3600.0
+    duration_s: float | None = None  # stop after this long, however many steps (a soak); None: run the steps
     env_members: int = 1
     gen_members: int = 1
     max_restarts: int = 5
@@ -144,7 +145,8 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
         loop = rt.consumer_loop("run-monitor", ["trajectories.completed"], monitor.handle, ordering="none",
                                 dedup=False)
         runner = asyncio.create_task(loop.run())
-        deadline = time.monotonic() + opts.timeout_s
+        started = time.monotonic()
+        deadline = started + opts.timeout_s
         shown = 0
         try:
             while True:
@@ -155,6 +157,8 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
                 shown = len(rows)
                 trainer = procs.stages["trainer"]
                 if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
+                    return
+                if opts.duration_s is not None and time.monotonic() - started > opts.duration_s:
                     return
                 supervise(procs, restarts, opts)
                 _write_pids(procs, opts.out / "pids.json")

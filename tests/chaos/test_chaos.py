@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from rollart.chaos.inject import KILLABLE
 from rollart.local.processes import StageProcess
 from tests.conftest import REPO
 
@@ -61,7 +62,7 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(stack, 
     assert set(report["restarts"]) == {"gen-default-0", "trainer", "env-0", "reward-0", "feeder"}
     assert report["aborted"].get("env_step_failed", 0) > 0, "the env faults happened"
     assert report["reward_calls"]["transient"] > 0 and report["reward_calls"]["slow"] > 0
-    assert set(report["recovery_s"]) == {"kill", "redis-flush", "bad-messages"}
+    assert set(report["recovery_s"]) == {"kill", "redis-flush", "bad-messages"} | {f"kill:{s}" for s in KILLABLE}
     assert orphan_engines() <= before, "a killed generation stage left its vLLM engine running"
 
 
