@@ -101,13 +101,27 @@ async def _wait_assigned(loops, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _growth(rt: Runtime, topics: dict[str, str], fill: int, steps: int, roundtrips: int, run: str,
+                  held: int) -> list[dict]:
+    """Round trips again after each ``fill`` more records are stored: does the broker slow as it fills?
+    (A log-structured broker should not; an in-memory one may.)"""
+    rows = []
+    for step in range(steps):
+        await _produce(rt, topics["through"], fill, 16, f"{run}-fill{step}")
+        held += fill
+        samples = await _roundtrips(rt, topics["ping"], topics["pong"], roundtrips, f"{run}-g{step}")
+        rows.append({"records_held": held, "roundtrip_p50_s": round(statistics.median(samples), 6),
+                     "roundtrip_p99_s": round(percentile(samples, 0.99), 6)})
+    return rows
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def bench_bus(config: RollartConfig, *, messages: int = 20_000, tokens: int = 64,
-                    roundtrips: int = 300) -> dict:
+                    roundtrips: int = 300, fill: int = 0, fill_steps: int = 0) -> dict:
     run = uuid.uuid4().hex[:8]
     topics = {"through": f"bench.{run}.through", "ping": f"bench.{run}.ping", "pong": f"bench.{run}.pong"}
     async with open_runtime(config, serve=False) as rt:
@@ -117,7 +131,9 @@ async def bench_bus(config: RollartConfig, *, messages: int = 20_000, tokens: in
         produce_rate = await _produce(rt, topics["through"], messages, tokens, run)
         consume_rate = await _consume(rt, topics["through"], messages, run)
         samples = await _roundtrips(rt, topics["ping"], topics["pong"], roundtrips, run)
+        growth = await _growth(rt, topics, fill, fill_steps, roundtrips, run, held=messages)
     return {
+        "growth": growth,
         "produce_msgs_per_s": round(produce_rate, 1),
         "consume_msgs_per_s": round(consume_rate, 1),
         "roundtrip_p50_s": round(statistics.median(samples), 6),

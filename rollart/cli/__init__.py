@@ -173,11 +173,15 @@ def doctor_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Optio
 @bench_app.command("bus")
 def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Option("--json")] = False,
                   messages: int = 20_000, tokens: int = 64, roundtrips: int = 300,
+                  fill: Annotated[int, typer.Option(help="Records stored between growth measurements.")] = 100_000,
+                  fill_steps: Annotated[int, typer.Option(help="Growth measurements (0: none).")] = 0,
                   out: Annotated[Optional[Path], typer.Option(help="Also write the JSON here.")] = None) -> None:
-    """Produce and consume msgs/s and the produce→consume→produce→consume round trip p50/p99."""
+    """Produce and consume msgs/s and the produce→consume→produce→consume round trip p50/p99; with
+    --fill-steps, the round trip again after every --fill more records are stored."""
     from rollart.bench.bus import bench_bus
 
-    result = _run(bench_bus(_config(config), messages=messages, tokens=tokens, roundtrips=roundtrips))
+    result = _run(bench_bus(_config(config), messages=messages, tokens=tokens, roundtrips=roundtrips, fill=fill,
+                            fill_steps=fill_steps))
     if out:
         out.write_text(json.dumps(result, indent=2))
     if as_json:
@@ -188,6 +192,9 @@ def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Op
     table.add_row("consume (ConsumerLoop)", f"{result['consume_msgs_per_s']:,.0f} msgs/s")
     table.add_row("round trip p50", f"{result['roundtrip_p50_s'] * 1000:.2f} ms")
     table.add_row("round trip p99", f"{result['roundtrip_p99_s'] * 1000:.2f} ms")
+    for row in result["growth"]:
+        table.add_row(f"round trip p50 / p99, {row['records_held']:,} records held",
+                      f"{row['roundtrip_p50_s'] * 1000:.2f} / {row['roundtrip_p99_s'] * 1000:.2f} ms")
     console.print(table)
 
 

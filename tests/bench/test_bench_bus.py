@@ -17,7 +17,7 @@ def test_bench_bus_json(stack, tmp_path):
            "ROLLART_JOB": "benchtest"}
     out = tmp_path / "bus.json"
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "bench", "bus", "--json", "--messages", "500",
-                             "--roundtrips", "20", "--out", str(out)],
+                             "--roundtrips", "20", "--fill", "300", "--fill-steps", "2", "--out", str(out)],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
@@ -25,3 +25,5 @@ def test_bench_bus_json(stack, tmp_path):
     assert figures["produce_msgs_per_s"] > 0 and figures["consume_msgs_per_s"] > 0
     assert 0 < figures["roundtrip_p50_s"] <= figures["roundtrip_p99_s"]
     assert json.loads(out.read_text()) == figures
+    assert [row["records_held"] for row in figures["growth"]] == [800, 1100]
+    assert all(0 < row["roundtrip_p50_s"] <= row["roundtrip_p99_s"] for row in figures["growth"])
