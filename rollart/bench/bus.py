@@ -4,7 +4,8 @@
 * consume: the same messages through a real :class:`ConsumerLoop` (decode, dedup check, handler,
   watermark commits), msgs/s;
 * round trip: driver → ``ping`` → echo stage → ``pong`` → driver, one message at a time, through two
-  consumer loops with the latency-sensitive fetch wait, p50/p99 seconds.
+  consumer loops with the latency-sensitive fetch wait, p50/p99 seconds;
+* growth (``--fill-steps``): the round trip again as the partitions it reads from fill up.
 """
 
 from __future__ import annotations
@@ -63,34 +64,64 @@ async def _consume(rt: Runtime, topic: str, n: int, run: str) -> float:
     return n / elapsed
 
 
-async def _roundtrips(rt: Runtime, ping: str, pong: str, n: int, run: str) -> list[float]:
-    waiting: dict[str, asyncio.Future] = {}
+FILL = "fill-"  # traj_id prefix of the records that only fill the topics: the echo pair skips them
 
-    async def echo(envelope: Envelope, ctx: MessageContext) -> None:
-        await ctx.produce(pong, envelope.message, key=envelope.message.traj_id)
 
-    async def arrive(envelope: Envelope, ctx: MessageContext) -> None:
-        future = waiting.pop(envelope.message.traj_id, None)
+class EchoPair:
+    """driver → ``ping`` → echo stage → ``pong`` → driver, through two consumer loops with the
+    latency-sensitive fetch wait; round trips measured one message at a time."""
+
+    def __init__(self, rt: Runtime, ping: str, pong: str, run: str):
+        self.rt, self.ping, self.pong, self.run = rt, ping, pong, run
+        self.waiting: dict[str, asyncio.Future] = {}
+        self.fills_seen = 0
+        self.loops = [rt.consumer_loop(f"bench-echo-{run}", [ping], self._echo, fetch_max_wait_ms=5),
+                      rt.consumer_loop(f"bench-driver-{run}", [pong], self._arrive, fetch_max_wait_ms=5)]
+
+    async def _echo(self, envelope: Envelope, ctx: MessageContext) -> None:
+        if envelope.message.traj_id.startswith(FILL):
+            self.fills_seen += 1
+            return
+        await ctx.produce(self.pong, envelope.message, key=envelope.message.traj_id)
+
+    async def _arrive(self, envelope: Envelope, ctx: MessageContext) -> None:
+        if envelope.message.traj_id.startswith(FILL):
+            self.fills_seen += 1
+            return
+        future = self.waiting.pop(envelope.message.traj_id, None)
         if future is not None:
             future.set_result(time.perf_counter())
 
-    loops = [rt.consumer_loop(f"bench-echo-{run}", [ping], echo, fetch_max_wait_ms=5),
-             rt.consumer_loop(f"bench-driver-{run}", [pong], arrive, fetch_max_wait_ms=5)]
-    tasks = [asyncio.create_task(loop.run()) for loop in loops]
-    for loop in loops:
-        await loop.wait_started()
-    await _wait_assigned(loops)
-    samples = []
-    for i in range(n):
-        message = _message(i, 16, f"{run}-rt")
-        waiting[message.traj_id] = future = asyncio.get_running_loop().create_future()
-        sent = time.perf_counter()
-        await rt.producer.send(ping, message, key=message.traj_id)
-        samples.append(await asyncio.wait_for(future, 30) - sent)
-    for loop in loops:
-        loop.stop()
-    await asyncio.gather(*tasks)
-    return samples
+    async def __aenter__(self) -> "EchoPair":
+        self.tasks = [asyncio.create_task(loop.run()) for loop in self.loops]
+        await asyncio.gather(*(loop.wait_started() for loop in self.loops))
+        await _wait_assigned(self.loops)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for loop in self.loops:
+            loop.stop()
+        await asyncio.gather(*self.tasks)
+
+    async def measure(self, n: int, tag: str) -> list[float]:
+        samples = []
+        for i in range(n):
+            message = _message(i, 16, f"{self.run}-{tag}")
+            self.waiting[message.traj_id] = future = asyncio.get_running_loop().create_future()
+            sent = time.perf_counter()
+            await self.rt.producer.send(self.ping, message, key=message.traj_id)
+            samples.append(await asyncio.wait_for(future, 30) - sent)
+        return samples
+
+    async def fill(self, n: int, tag: str) -> None:
+        """``n`` records into each of the two topics the round trip fetches from; returns once both loops
+        have read past them (so the round trips after measure the fuller partitions, not a backlog)."""
+        expected = self.fills_seen + 2 * n
+        for topic in (self.ping, self.pong):
+            await _produce(self.rt, topic, n, 16, f"{FILL}{self.run}-{tag}")
+        deadline = time.monotonic() + 600
+        while self.fills_seen < expected and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
 
 async def _wait_assigned(loops, timeout_s: float = 30.0) -> None:
@@ -101,16 +132,16 @@ async def _wait_assigned(loops, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _growth(rt: Runtime, topics: dict[str, str], fill: int, steps: int, roundtrips: int, run: str,
-                  held: int) -> list[dict]:
-    """Round trips again after each ``fill`` more records are stored: does the broker slow as it fills?
-    (A log-structured broker should not; an in-memory one may.)"""
-    rows = []
+async def _growth(pair: EchoPair, fill: int, steps: int, roundtrips: int) -> list[dict]:
+    """Round trips again after each ``fill`` more records are stored in the partitions they fetch from
+    (as ``gen.requests`` and ``env.actions`` fill during a long run): does the broker slow as it fills?
+    A log-structured broker should not; an in-memory one may."""
+    rows, held = [], 0
     for step in range(steps):
-        await _produce(rt, topics["through"], fill, 16, f"{run}-fill{step}")
+        await pair.fill(fill, f"s{step}")
         held += fill
-        samples = await _roundtrips(rt, topics["ping"], topics["pong"], roundtrips, f"{run}-g{step}")
-        rows.append({"records_held": held, "roundtrip_p50_s": round(statistics.median(samples), 6),
+        samples = await pair.measure(roundtrips, f"g{step}")
+        rows.append({"records_per_partition": held, "roundtrip_p50_s": round(statistics.median(samples), 6),
                      "roundtrip_p99_s": round(percentile(samples, 0.99), 6)})
     return rows
 
@@ -130,8 +161,9 @@ async def bench_bus(config: RollartConfig, *, messages: int = 20_000, tokens: in
                                                   _scratch(config, topics["pong"], 1)])
         produce_rate = await _produce(rt, topics["through"], messages, tokens, run)
         consume_rate = await _consume(rt, topics["through"], messages, run)
-        samples = await _roundtrips(rt, topics["ping"], topics["pong"], roundtrips, run)
-        growth = await _growth(rt, topics, fill, fill_steps, roundtrips, run, held=messages)
+        async with EchoPair(rt, topics["ping"], topics["pong"], run) as pair:
+            samples = await pair.measure(roundtrips, "rt")
+            growth = await _growth(pair, fill, fill_steps, roundtrips)
     return {
         "growth": growth,
         "produce_msgs_per_s": round(produce_rate, 1),

@@ -173,7 +173,8 @@ def doctor_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Optio
 @bench_app.command("bus")
 def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Option("--json")] = False,
                   messages: int = 20_000, tokens: int = 64, roundtrips: int = 300,
-                  fill: Annotated[int, typer.Option(help="Records stored between growth measurements.")] = 100_000,
+                  fill: Annotated[int, typer.Option(help="Records added to the round trip's partitions between growth "
+                                                       "measurements.")] = 50_000,
                   fill_steps: Annotated[int, typer.Option(help="Growth measurements (0: none).")] = 0,
                   out: Annotated[Optional[Path], typer.Option(help="Also write the JSON here.")] = None) -> None:
     """Produce and consume msgs/s and the produce→consume→produce→consume round trip p50/p99; with
@@ -193,7 +194,7 @@ def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Op
     table.add_row("round trip p50", f"{result['roundtrip_p50_s'] * 1000:.2f} ms")
     table.add_row("round trip p99", f"{result['roundtrip_p99_s'] * 1000:.2f} ms")
     for row in result["growth"]:
-        table.add_row(f"round trip p50 / p99, {row['records_held']:,} records held",
+        table.add_row(f"round trip p50 / p99, {row['records_per_partition']:,} records in each partition",
                       f"{row['roundtrip_p50_s'] * 1000:.2f} / {row['roundtrip_p99_s'] * 1000:.2f} ms")
     console.print(table)
 

@@ -25,5 +25,5 @@ def test_bench_bus_json(stack, tmp_path):
     assert figures["produce_msgs_per_s"] > 0 and figures["consume_msgs_per_s"] > 0
     assert 0 < figures["roundtrip_p50_s"] <= figures["roundtrip_p99_s"]
     assert json.loads(out.read_text()) == figures
-    assert [row["records_held"] for row in figures["growth"]] == [800, 1100]
+    assert [row["records_per_partition"] for row in figures["growth"]] == [300, 600]
     assert all(0 < row["roundtrip_p50_s"] <= row["roundtrip_p99_s"] for row in figures["growth"])
