@@ -105,7 +105,7 @@ class EnvManager:
         completed = await self.run_group(task, ctx)
         GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
         if self.config.feeder.alpha is not None:
-            await self.admission.finish(groups=1, accepted=completed >= task.group_size)
+            await self.admission.finish(groups=1, accepted=completed >= task.group_size, group_id=task.group_id)
 
     async def run_group(self, task: TaskSpec, ctx: MessageContext) -> int:
         """Run the group's trajectories; returns how many completed (at most group_size are emitted)."""

@@ -32,7 +32,7 @@ from rollart.training.algorithms import PolicyLossConfig
 from rollart.training.buffer import Group, SampleBuffer
 from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
-from rollart.state.admission import starving_key
+from rollart.state.admission import AdmissionCounters, starving_key
 from rollart.weights.follower import pulling_versions
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class TrainerStage:
         for reason in DROP_REASONS:  # series at 0 from the start
             DROPPED.labels(*self.labels, reason)
         self.max_in_flight = self.buffer.capacity * cfg.feeder.group_size
+        self.admission = AdmissionCounters(rt.redis, prefix=cfg.redis.key_prefix, job=cfg.job)
 
     # -- the handler ----------------------------------------------------------------------------
 
@@ -125,12 +126,18 @@ class TrainerStage:
                     future.set_result(None)
         BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
 
+    async def _drop(self, groups: list[Group], reason: str) -> None:
+        """Settle groups that will not be trained, and give their admission places back."""
+        if groups:
+            self._settle(groups, reason)
+            await self.admission.give_back([g.group_id for g in groups])
+
     # -- the training loop ----------------------------------------------------------------------
 
     async def next_batch(self, stop: asyncio.Event) -> list[Group] | None:
         while not stop.is_set():
-            self._settle(self.buffer.evict_stale(self.version), "stale")
-            self._settle(self.buffer.drop_uninformative_groups(), "uninformative")
+            await self._drop(self.buffer.evict_stale(self.version), "stale")
+            await self._drop(self.buffer.drop_uninformative_groups(), "uninformative")
             batch = self.buffer.take_batch(self.version)
             if batch is not None:
                 self._starving_since = None
@@ -138,7 +145,7 @@ class TrainerStage:
             if len(self.waiting) >= self.max_in_flight:
                 group = self.buffer.evict_oldest_incomplete()
                 if group is not None:
-                    self._settle([group], "incomplete_group")
+                    await self._drop([group], "incomplete_group")
                     continue
             await self._mark_starving()
             self.arrived.clear()
@@ -199,6 +206,7 @@ class TrainerStage:
             await self.checkpoint()
         checkpoint_s = time.perf_counter() - started
         self._settle(groups, None)
+        await self.admission.trained([g.group_id for g in groups])
         publish_s = await self.publish(step=self.state.step)
         for phase, seconds in (("wait", wait_s), ("train", train_s), ("checkpoint", checkpoint_s),
                                ("publish", publish_s)):

@@ -6,7 +6,12 @@ The feeder releases a task group only while
 
 where ``running`` counts groups released and not yet finished, and ``accepted`` counts groups that
 finished into the trainer's buffer (cumulative). Groups that end aborted leave ``running`` without
-entering ``accepted``. The check and the increment are one Lua script, so several feeders cannot
+entering ``accepted``. A group the env stage accepted that the trainer then cannot use (a member's
+reward dead-lettered, evicted as stale, filtered by dynamic sampling) is given back: ``accepted``
+would otherwise keep its place forever, and over a long run the bound would shrink until only the
+feeder's starvation release moved it. The env stage records each accepted group id in a set; the
+trainer removes ids it trained (no change) or dropped (``accepted`` -1), so nothing is given back twice
+and a group the env never accepted is never given back. The check and the increment are one Lua script, so several feeders cannot
 over-admit together. Like every Redis value here this is a cache: the feeder rebuilds it from the
 log with :meth:`AdmissionCounters.rebuild` after Redis loses it.
 """
@@ -36,7 +41,22 @@ local n = math.min(tonumber(ARGV[1]), running)
 redis.call('HINCRBY', KEYS[1], 'running', -n)
 if ARGV[2] == '1' then
   redis.call('HINCRBY', KEYS[1], 'accepted', n)
+  if n > 0 and ARGV[3] ~= '' then redis.call('SADD', KEYS[2], ARGV[3]) end
 else
+  redis.call('HINCRBY', KEYS[1], 'dropped', n)
+end
+return n
+"""
+
+
+_GIVE_BACK = """
+local n = 0
+for _, group_id in ipairs(ARGV) do
+  n = n + redis.call('SREM', KEYS[2], group_id)
+end
+n = math.min(n, tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0'))
+if n > 0 then
+  redis.call('HINCRBY', KEYS[1], 'accepted', -n)
   redis.call('HINCRBY', KEYS[1], 'dropped', n)
 end
 return n
@@ -60,8 +80,10 @@ class AdmissionCounters:
     def __init__(self, redis: Redis, *, prefix: str, job: str):
         self.redis = redis
         self.key = f"{prefix}:{job}:admission"
+        self.accepted_groups_key = f"{prefix}:{job}:admission:accepted-groups"
         self._try_admit = redis.register_script(_TRY_ADMIT)
         self._finish = redis.register_script(_FINISH)
+        self._give_back = redis.register_script(_GIVE_BACK)
 
     @staticmethod
     def capacity(version: int, alpha: int, groups_per_batch: int) -> int:
@@ -81,9 +103,22 @@ class AdmissionCounters:
             pipe.hincrby(self.key, "admitted", groups)
             await pipe.execute()
 
-    async def finish(self, *, groups: int = 1, accepted: bool) -> int:
-        """A running group ended: into the trainer's buffer (accepted) or dropped."""
-        return int(await self._finish(keys=[self.key], args=[groups, "1" if accepted else "0"]))
+    async def finish(self, *, groups: int = 1, accepted: bool, group_id: str = "") -> int:
+        """A running group ended: into the trainer's buffer (accepted) or dropped. ``group_id`` (one
+        group) lets the trainer give the place back if it cannot use the group after all."""
+        return int(await self._finish(keys=[self.key, self.accepted_groups_key],
+                                      args=[groups, "1" if accepted else "0", group_id]))
+
+    async def give_back(self, group_ids: list[str]) -> int:
+        """The trainer dropped these groups: those the env stage accepted leave ``accepted``."""
+        if not group_ids:
+            return 0
+        return int(await self._give_back(keys=[self.key, self.accepted_groups_key], args=group_ids))
+
+    async def trained(self, group_ids: list[str]) -> None:
+        """The trainer used these groups: they keep their place (forget the ids)."""
+        if group_ids:
+            await self.redis.srem(self.accepted_groups_key, *group_ids)
 
     async def snapshot(self) -> AdmissionSnapshot:
         raw = await self.redis.hgetall(self.key)

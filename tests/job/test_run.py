@@ -67,7 +67,7 @@ def test_run_survives_a_killed_trainer_and_a_redis_flush_then_resumes(endpoints,
     assert first["trained_duplicates"] == 0 and all(s["samples"] == 8 for s in first["steps"])
     assert first["alpha"] == 1 and first["staleness_max"] <= 1
     assert first["restarts"].get("trainer") == 1
-    assert first["weights"]["versions_loaded"] >= 1 and first["weights"]["transport"] == "mooncake"
+    assert first["weights"]["transport"] == "mooncake"  # (its loads were recorded in the Redis we flushed)
     assert first["trajectories"]["completed"] >= steps * 8
     assert (out / "report.png").stat().st_size > 0
     versions = [s["trained_version"] for s in first["steps"]]
@@ -82,3 +82,4 @@ def test_run_survives_a_killed_trainer_and_a_redis_flush_then_resumes(endpoints,
     assert second["steps"][:steps] == first["steps"], "the first run's steps are kept as they were"
     assert second["trained_duplicates"] == 0
     assert [s["trained_version"] for s in second["steps"]][steps:] == [6, 7, 8]
+    assert second["weights"]["versions_loaded"] >= 1, "the restarted engine pulled the trainer's weights"

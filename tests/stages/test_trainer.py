@@ -111,10 +111,17 @@ async def test_duplicates_and_stale_groups_are_never_trained(trainer, loops):
     # ... at version 2, version-0 samples are 2 behind alpha = 1: evicted, not trained.
     stale = [scored(g, m, reward=float(m), version=0, job=job) for g in (20, 21) for m in range(2)]
     fresher = [scored(g, m, reward=float(m), version=2, job=job) for g in (30, 31) for m in range(2)]
+    admission = trainer.stage.admission
+    for group in (20, 21, 30, 31):  # as the env stage does: admitted, then accepted into the buffer
+        await admission.force_admit(1)
+        await admission.finish(accepted=True, group_id=f"{job}-g{group}")
     await trainer.produce(stale)
     await eventually(lambda: trainer.stage.buffer.stats.evicted_stale_groups == 2, what="stale groups evicted")
     await trainer.produce(fresher)
     await eventually(lambda: len(trainer.steps()) == 3, what="step 3")
+    snap = await admission.snapshot()
+    assert (snap.accepted, snap.dropped) == (2, 2), "the evicted groups gave their admission places back"
+    assert await trainer.rt.redis.scard(admission.accepted_groups_key) == 0, "trained and dropped ids forgotten"
     ids = [i for r in trainer.steps() for i in r["traj_ids"]]
     assert len(ids) == len(set(ids)) == 12
     assert not any(f"-g2{n}-" in i for i in ids for n in (0, 1)), "a stale sample was trained"

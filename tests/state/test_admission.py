@@ -42,3 +42,25 @@ async def test_rebuild_restores_counters(runtime):
     assert not await counters.try_admit(version=0, alpha=7, groups_per_batch=1)
     snap = await counters.snapshot()
     assert (snap.accepted, snap.running) == (7, 1)
+
+
+async def test_a_group_the_trainer_drops_gives_its_place_back_once(runtime):
+    counters = _counters(runtime)
+    for _ in range(3):
+        assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
+    await counters.finish(accepted=True, group_id="g1")
+    await counters.finish(accepted=True, group_id="g2")
+    await counters.finish(accepted=False, group_id="g3")  # aborted at the env stage: never accepted
+    snap = await counters.snapshot()
+    assert (snap.accepted, snap.running, snap.dropped) == (2, 0, 1)
+    # g1: a member's reward was dead-lettered, the trainer evicts it; g3 it never had in full
+    assert await counters.give_back(["g1", "g3"]) == 1
+    assert await counters.give_back(["g1"]) == 0, "given back once"
+    await counters.trained(["g2"])
+    assert await counters.give_back(["g2"]) == 0, "a trained group keeps its place"
+    snap = await counters.snapshot()
+    assert (snap.accepted, snap.dropped) == (1, 2)
+    assert await runtime.redis.scard(counters.accepted_groups_key) == 0, "the id set does not grow"
+    # the freed place is admissible again under the same version
+    assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3, groups=2)
+    assert not await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
