@@ -78,15 +78,18 @@ class EchoPair:
         self.loops = [rt.consumer_loop(f"bench-echo-{run}", [ping], self._echo, fetch_max_wait_ms=5),
                       rt.consumer_loop(f"bench-driver-{run}", [pong], self._arrive, fetch_max_wait_ms=5)]
 
-    async def _echo(self, envelope: Envelope, ctx: MessageContext) -> None:
+    def _is_fill(self, envelope: Envelope) -> bool:
         if envelope.message.traj_id.startswith(FILL):
             self.fills_seen += 1
-            return
-        await ctx.produce(self.pong, envelope.message, key=envelope.message.traj_id)
+            return True
+        return False
+
+    async def _echo(self, envelope: Envelope, ctx: MessageContext) -> None:
+        if not self._is_fill(envelope):
+            await ctx.produce(self.pong, envelope.message, key=envelope.message.traj_id)
 
     async def _arrive(self, envelope: Envelope, ctx: MessageContext) -> None:
-        if envelope.message.traj_id.startswith(FILL):
-            self.fills_seen += 1
+        if self._is_fill(envelope):
             return
         future = self.waiting.pop(envelope.message.traj_id, None)
         if future is not None:

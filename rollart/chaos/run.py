@@ -32,6 +32,8 @@ from rollart.local.stack import pid_alive
 CONFIGURED = ("env-hang", "env-raise", "reward-fail", "reward-slow")
 INJECTED = ("kill", "redis-flush", "bad-messages")
 FAULTS = CONFIGURED + INJECTED
+# The job when no config is given (chaos and soak): FrozenLake scored by the env's own reward.
+DEFAULT_TAGS = {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}}
 
 
 @dataclass
@@ -45,7 +47,7 @@ class FaultEvent:
 def chaos_job(base: dict[str, Any], faults: set[str], reward_url: str | None) -> dict[str, Any]:
     """The job config with the configured faults applied."""
     data = json.loads(json.dumps(base))
-    tags = data.setdefault("tags", {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}})
+    tags = data.setdefault("tags", json.loads(json.dumps(DEFAULT_TAGS)))
     for spec in tags.values():
         env_faults = spec.setdefault("faults", {})
         if "env-hang" in faults:

@@ -28,6 +28,7 @@ import psutil
 import yaml
 
 from rollart.chaos.inject import stage_pids
+from rollart.chaos.run import DEFAULT_TAGS
 from rollart.config import load_config
 from rollart.training.checkpoint import CheckpointStore
 
@@ -119,7 +120,7 @@ class MemorySampler:
 def soak_job(base: dict[str, Any]) -> dict[str, Any]:
     """The job config for a soak: the feeder never runs dry (no group limit) and the trainer keeps going."""
     data = json.loads(json.dumps(base))
-    data.setdefault("tags", {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}})
+    data.setdefault("tags", DEFAULT_TAGS)
     data.setdefault("feeder", {})["max_groups"] = None
     return data
 

@@ -11,7 +11,8 @@ reward dead-lettered, evicted as stale, filtered by dynamic sampling) is given b
 would otherwise keep its place forever, and over a long run the bound would shrink until only the
 feeder's starvation release moved it. The env stage records each accepted group id in a set; the
 trainer removes ids it trained (no change) or dropped (``accepted`` -1), so nothing is given back twice
-and a group the env never accepted is never given back. The check and the increment are one Lua script, so several feeders cannot
+and a group the env never accepted is never given back. The check and the increment are one Lua
+script, so several feeders cannot
 over-admit together. Like every Redis value here this is a cache: the feeder rebuilds it from the
 log with :meth:`AdmissionCounters.rebuild` after Redis loses it.
 """
