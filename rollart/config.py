@@ -31,6 +31,9 @@ class Section(BaseModel):
 
 class KafkaConfig(Section):
     bootstrap: str | None = None  # None: use the running local stack
+    # What serves ``bootstrap``: Apache Kafka (or any broker that implements the protocol fully), or
+    # the embedded Tansu, whose ListOffsets the clients then work around (the README's broker notes).
+    broker: Literal["kafka", "tansu"] = "kafka"
     client_id: str = "rollart"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

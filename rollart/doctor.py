@@ -13,7 +13,7 @@ from aiokafka.structs import TopicPartition
 from rollart.bus import BusProducer
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, NoEndpointError, kafka_client_kwargs, resolve_endpoints
-from rollart.local.stack import port_open
+from rollart.local.stack import StackState, port_open
 from rollart.messages import DEFAULT_CODEC
 from rollart.messages.samples import sample_messages
 from rollart.state import VersionStore, connect_redis
@@ -36,6 +36,7 @@ class Doctor:
     def __init__(self, config: RollartConfig):
         self.config = config
         self.checks: list[Check] = []
+        self.broker: dict[str, str | None] | None = None  # {"kind", "version"} of the resolved broker
 
     async def _run(self, name: str, check: Callable[[], Awaitable[str]]) -> bool:
         started = time.perf_counter()
@@ -59,6 +60,7 @@ class Doctor:
             return self.checks
         self.checks.append(Check("endpoints", True, f"kafka {endpoints.kafka_bootstrap}, redis {endpoints.redis_url} "
                                                     f"(from {endpoints.source})", 0.0))
+        self.broker = broker_info(endpoints)
         broker_ok = await self._run("broker", lambda: self._broker(endpoints))
         if broker_ok:
             await self._run("topics", lambda: self._topics(endpoints))
@@ -169,10 +171,20 @@ class Doctor:
         return f"{len(record.value)} bytes via {tp.topic}[0]@{meta.offset}"
 
 
-async def run_doctor(config: RollartConfig) -> tuple[bool, list[Check]]:
-    checks = await Doctor(config).run()
-    return all(c.ok for c in checks), checks
+def broker_info(endpoints: Endpoints) -> dict[str, str | None]:
+    """Which broker serves the endpoints: the local stack knows its kind and version; of a configured
+    broker only the kind it is configured as is known (Kafka's protocol does not carry a version)."""
+    state = StackState.read()
+    if state is not None and state.alive() and state.kafka_bootstrap == endpoints.kafka_bootstrap:
+        return {"kind": state.broker_kind, "version": state.broker_version}
+    return {"kind": endpoints.broker, "version": None}
 
 
-def doctor_json(ok: bool, checks: list[Check]) -> dict:
-    return {"ok": ok, "checks": [asdict(c) for c in checks]}
+async def run_doctor(config: RollartConfig) -> tuple[bool, list[Check], dict | None]:
+    doctor = Doctor(config)
+    checks = await doctor.run()
+    return all(c.ok for c in checks), checks, doctor.broker
+
+
+def doctor_json(ok: bool, checks: list[Check], broker: dict | None = None) -> dict:
+    return {"ok": ok, "broker": broker, "checks": [asdict(c) for c in checks]}

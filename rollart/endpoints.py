@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rollart.config import ConfigError, KafkaConfig, RedisConfig, RollartConfig
 from rollart.local.stack import StackState, state_path
@@ -20,6 +20,7 @@ class Endpoints:
     source: str  # "config", "local stack", or "config + local stack"
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
+    broker: Literal["kafka", "tansu"] = "kafka"  # what serves kafka_bootstrap (see KafkaConfig.broker)
     # Redis auth/TLS from config (redis-py connection keywords); not printed, it holds the password.
     redis_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -28,11 +29,14 @@ def resolve_endpoints(config: RollartConfig) -> Endpoints:
     bootstrap, redis_url = config.kafka.bootstrap, config.redis.url
     master, metadata = config.mooncake.master, config.mooncake.metadata_server
     if bootstrap and redis_url:
-        if not (master and metadata):  # the local stack may still hold the Mooncake store
-            state = StackState.read()
-            if state is not None and state.alive() and state.kafka_bootstrap == bootstrap:
+        broker = config.kafka.broker
+        state = StackState.read()
+        if state is not None and state.alive() and state.kafka_bootstrap == bootstrap:
+            broker = state.broker_kind  # the local stack's broker, named in config: it knows which
+            if not (master and metadata):  # the local stack may still hold the Mooncake store
                 master, metadata = state.mooncake_master, state.mooncake_metadata
-        return Endpoints(bootstrap, redis_url, "config", master, metadata, redis_client_kwargs(config.redis, redis_url))
+        return Endpoints(bootstrap, redis_url, "config", master, metadata, broker,
+                         redis_client_kwargs(config.redis, redis_url))
     state = StackState.read()
     if state is not None and not state.alive():
         raise NoEndpointError(
@@ -47,8 +51,9 @@ def resolve_endpoints(config: RollartConfig) -> Endpoints:
         )
     source = "local stack" if not (bootstrap or redis_url) else "config + local stack"
     redis_url = redis_url or state.redis_url
+    broker = config.kafka.broker if bootstrap else state.broker_kind
     return Endpoints(bootstrap or state.kafka_bootstrap, redis_url, source, master or state.mooncake_master,
-                     metadata or state.mooncake_metadata, redis_client_kwargs(config.redis, redis_url))
+                     metadata or state.mooncake_metadata, broker, redis_client_kwargs(config.redis, redis_url))
 
 
 def redis_client_kwargs(redis: RedisConfig, url: str) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 The groups of a topic are the ``consumers`` of its catalog entry (``gen-{pool}`` expanded per pool),
 named ``<job>.<group>`` on the broker. Committed offsets come from an OffsetFetch of each group
-(without joining it, so nothing rebalances); end offsets from the high watermark of a fetch, because
-the local broker's ListOffsets is not reliable (see the README's broker notes).
+(without joining it, so nothing rebalances); end offsets from ListOffsets (latest), as Kafka's own
+``kafka-consumer-groups --describe`` computes them. On Tansu, whose ListOffsets undercounts, from
+the high watermark of a fetch instead (see the README's broker notes).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ def group_topics(config: RollartConfig) -> list[tuple[str, str, str, int]]:
     return out
 
 
-async def _end_offsets(client_kwargs: dict, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+async def _end_offsets(client_kwargs: dict, tps: list[TopicPartition], broker: str) -> dict[TopicPartition, int]:
     consumer = AIOKafkaConsumer(enable_auto_commit=False, fetch_max_wait_ms=10, max_partition_fetch_bytes=1024,
                                 **client_kwargs)
     await consumer.start()
     try:
+        if broker != "tansu":
+            return await consumer.end_offsets(tps)
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, 0)
@@ -85,7 +88,7 @@ async def consumer_lag(config: RollartConfig, endpoints: Endpoints) -> list[LagR
     kwargs = {"client_id": f"{config.kafka.client_id}-lag", **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap)}
     pairs = group_topics(config)
     tps = sorted({TopicPartition(physical, p) for _, _, physical, n in pairs for p in range(n)})
-    ends = await _end_offsets(kwargs, tps)
+    ends = await _end_offsets(kwargs, tps, endpoints.broker)
     groups = sorted({g for g, *_ in pairs})
     committed = await asyncio.gather(*(
         _committed(kwargs, f"{config.job}.{g}", [TopicPartition(phys, p) for grp, _, phys, n in pairs

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
-from rollart.bus.reader import read_to_end
+from rollart.bus.reader import ReadStart, read_to_end
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
 from rollart.messages import (
@@ -102,7 +102,8 @@ def traj_id_of(message: Any) -> str | None:
 async def replay(config: RollartConfig, endpoints: Endpoints, topic: str, flt: ReplayFilter) -> AsyncIterator[tuple]:
     """Yield (record, message or MessageDecodeError) of the logical ``topic`` that pass the filter."""
     shown = 0
-    async for record in read_to_end(config, endpoints, f"{config.job}.{topic}", start_ms=flt.since_ms):
+    start = ReadStart(since_ms=flt.since_ms, offset=flt.from_offset, partition=flt.partition)
+    async for record in read_to_end(config, endpoints, f"{config.job}.{topic}", start=start):
         try:
             message = DEFAULT_CODEC.decode(record.value, record.headers).message
         except MessageDecodeError as exc:

@@ -1,7 +1,11 @@
-"""Shared fixtures: one real broker (Tansu) and one real Redis for the whole session.
+"""Shared fixtures: one real broker and one real Redis for the whole session.
 
-Redis is the machine's own when it answers on 127.0.0.1:6379 (CI starts it), otherwise an embedded
-Valkey. Each test gets its own job name, so topics, consumer groups and Redis keys never collide.
+The broker is Apache Kafka ($ROLLART_TEST_BROKER=tansu runs the suite on Tansu instead). The broker
+contract (the consumer loop, groups, DLQ, backpressure, the log reader, replay, lag, TLS) runs on both:
+a contract module says ``pytestmark = BOTH_BROKERS`` and each of its tests runs once per broker, each
+broker started once for the session. Redis is the machine's own when it answers on 127.0.0.1:6379
+(CI starts it), otherwise an embedded Valkey. Each test gets its own job name, so topics, consumer
+groups and Redis keys never collide; the ``topics`` fixture deletes its job's topics afterwards.
 """
 
 from __future__ import annotations
@@ -21,29 +25,60 @@ from rollart.local.stack import LocalStack, StackState
 from rollart.runtime import open_runtime
 from rollart.state import connect_redis
 from rollart.topics import expand_catalog
-from rollart.topics.admin import apply_topics
+from rollart.topics.admin import admin_client, apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+SUITE_BROKER = os.environ.get("ROLLART_TEST_BROKER", "kafka")
+# Parametrizes a module's tests over both brokers (the fixtures below start each one once).
+BOTH_BROKERS = pytest.mark.parametrize("broker", ["kafka", "tansu"], indirect=True, scope="session")
+KAFKA_ONLY = pytest.mark.parametrize("broker", ["kafka"], indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> StackState:
+def rollart_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("rollart-home")
     os.environ["ROLLART_HOME"] = str(home)  # never touch a developer's real local stack
-    with LocalStack(log_dir=home / "logs") as state:
+    return home
+
+
+def _session_stack(home: Path, kind: str):
+    with LocalStack(log_dir=home / kind / "logs", broker=kind) as state:
         yield state
+
+
+@pytest.fixture(scope="session")
+def kafka_stack(rollart_home) -> StackState:
+    yield from _session_stack(rollart_home, "kafka")
+
+
+@pytest.fixture(scope="session")
+def tansu_stack(rollart_home) -> StackState:
+    yield from _session_stack(rollart_home, "tansu")
+
+
+@pytest.fixture(scope="session")
+def broker(request) -> str:
+    """The broker a test runs on: the suite's, or each of both in a BOTH_BROKERS module."""
+    return getattr(request, "param", SUITE_BROKER)
+
+
+@pytest.fixture(scope="session")
+def stack(request, broker) -> StackState:
+    return request.getfixturevalue(f"{broker}_stack")
 
 
 @pytest.fixture(scope="session")
 def endpoints(stack: StackState) -> Endpoints:
     return Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack", stack.mooncake_master,
-                     stack.mooncake_metadata)
+                     stack.mooncake_metadata, stack.broker_kind)
 
 
 def make_config(endpoints: Endpoints, **overrides: Any) -> RollartConfig:
     data: dict[str, Any] = {
         "job": f"t{uuid.uuid4().hex[:10]}",
-        "kafka": {"bootstrap": endpoints.kafka_bootstrap},
+        "kafka": {"bootstrap": endpoints.kafka_bootstrap, "broker": endpoints.broker},
         "redis": {"url": endpoints.redis_url},
         "mooncake": {"master": endpoints.mooncake_master, "metadata_server": endpoints.mooncake_metadata},
         "bus": {"commit_interval_s": 0.1, "session_timeout_ms": 6000, "heartbeat_interval_ms": 300,
@@ -64,9 +99,23 @@ def config(endpoints: Endpoints) -> RollartConfig:
 
 @pytest.fixture
 async def topics(config: RollartConfig, endpoints: Endpoints) -> RollartConfig:
-    """The job's catalog topics exist."""
+    """The job's catalog topics exist (and are deleted afterwards: a session broker holding every
+    test's topics would grow by thousands of partitions)."""
     await apply_topics(config, endpoints, expand_catalog(config))
-    return config
+    yield config
+    if endpoints.broker == "kafka":  # Tansu's memory storage is dropped with the broker
+        await delete_job_topics(config, endpoints)
+
+
+async def delete_job_topics(config: RollartConfig, endpoints: Endpoints) -> None:
+    admin = admin_client(config, endpoints)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(f"{config.job}.")]
+        if names:
+            await admin.delete_topics(names)
+    finally:
+        await admin.close()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from rollart.endpoints import NoEndpointError
 
 app = typer.Typer(help="rollart: disaggregated multi-task agentic RL on Kafka consumer groups.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
-local_app = typer.Typer(help="The embedded local stack (Kafka-protocol broker + Redis).", no_args_is_help=True)
+local_app = typer.Typer(help="The embedded local stack (Apache Kafka or Tansu, Redis, Mooncake).", no_args_is_help=True)
 topics_app = typer.Typer(help="The topic catalog (topics/*.yaml).", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print their figures.", no_args_is_help=True)
 model_app = typer.Typer(help="Local models for tests and demos (no hub downloads).", no_args_is_help=True)
@@ -39,7 +39,7 @@ app.add_typer(deploy_app, name="deploy")
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML (env ROLLART_* overrides).")]
+from rollart.cli.options import BrokerOption, ConfigOption  # noqa: E402
 
 
 def _config(path: Path | None) -> RollartConfig:
@@ -64,38 +64,56 @@ def _run(coro):
 @local_app.command("up")
 def local_up_cmd(config: ConfigOption = None,
                  embedded_redis: Annotated[bool, typer.Option(help="Start Valkey even if a Redis answers.")] = False,
+                 broker: BrokerOption = None,
                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Start the broker (and Redis if none answers), record the endpoints, create the job's topics."""
+    from rollart.local.brokers import BrokerUnavailable
     from rollart.local.stack import DEFAULT_REDIS_URL, local_up
     from rollart.topics.admin import apply_topics
     from rollart.endpoints import resolve_endpoints
 
     cfg = _config(config)
-    state, started = local_up(redis_url=cfg.redis.url or DEFAULT_REDIS_URL, force_embedded_redis=embedded_redis)
-    _run(apply_topics(cfg, resolve_endpoints(cfg)))
+    try:
+        state, started = local_up(redis_url=cfg.redis.url or DEFAULT_REDIS_URL, force_embedded_redis=embedded_redis,
+                                  broker=broker)
+    except (BrokerUnavailable, RuntimeError) as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    _run(apply_topics(cfg, resolve_endpoints(cfg)))  # idempotent: a restarted Kafka still has its topics
     if as_json:
         print(json.dumps({"kafka_bootstrap": state.kafka_bootstrap, "redis_url": state.redis_url,
-                          "started": started, "broker_pid": state.broker_pid, "redis_pid": state.redis_pid}))
+                          "started": started, "broker_pid": state.broker_pid, "redis_pid": state.redis_pid,
+                          "broker": {"kind": state.broker_kind, "version": state.broker_version},
+                          "broker_dir": state.broker_dir}))
         return
     console.print(f"{'started' if started else 'already running'}: local stack")
-    console.print(f"  kafka  {state.kafka_bootstrap}  (pid {state.broker_pid})")
+    console.print(f"  kafka  {state.kafka_bootstrap}  ({_broker_words(state)}, pid {state.broker_pid})")
     redis_owner = f"pid {state.redis_pid}" if state.redis_pid else "existing server, not managed"
     console.print(f"  redis  {state.redis_url}  ({redis_owner})")
     console.print(f"  topics of job {cfg.job!r} applied; logs in {state.log_dir}")
 
 
+def _broker_words(state) -> str:
+    if state.broker_kind == "kafka":
+        return f"Apache Kafka {state.broker_version}, log in {state.broker_dir}"
+    return f"Tansu {state.broker_version}, in memory"
+
+
 @local_app.command("down")
-def local_down_cmd() -> None:
-    """Stop the local stack started by `rollart local up`."""
+def local_down_cmd(wipe: Annotated[bool, typer.Option(help="Also delete Apache Kafka's log (every topic of "
+                                                           "every local job).")] = False) -> None:
+    """Stop the local stack started by `rollart local up` (Apache Kafka's log stays for the next up)."""
     from rollart.local.stack import local_down
 
-    state = local_down()
+    state = local_down(wipe=wipe)
     console.print("stopped the local stack" if state else "no local stack is recorded")
+    if wipe:
+        console.print("deleted the local Apache Kafka log")
 
 
 @local_app.command("status")
 def local_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show the recorded local stack and whether it is alive."""
+    """Show the recorded local stack, which broker it runs, and whether it is alive."""
     from dataclasses import asdict
 
     from rollart.local.stack import StackState
@@ -107,8 +125,32 @@ def local_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -
     elif state is None:
         console.print("no local stack is recorded")
     else:
-        console.print(f"{'alive' if alive else 'DEAD'}: kafka {state.kafka_bootstrap}, redis {state.redis_url}")
+        console.print(f"{'alive' if alive else 'DEAD'}: kafka {state.kafka_bootstrap} ({_broker_words(state)}), "
+                      f"redis {state.redis_url}")
     raise typer.Exit(0 if alive else 1)
+
+
+@local_app.command("kafka-tool", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def local_kafka_tool_cmd(ctx: typer.Context,
+                         tool: Annotated[str, typer.Argument(help="kafka-consumer-groups | kafka-topics | "
+                                                                  "kafka-console-consumer | kafka-get-offsets")]) -> None:
+    """Run one of Apache Kafka's own tools against the local broker (--bootstrap-server is added), e.g.
+    `rollart local kafka-tool kafka-consumer-groups --describe --all-groups`."""
+    import subprocess
+
+    from rollart.local.brokers import BrokerUnavailable, kafka_tool_argv
+    from rollart.local.stack import StackState
+
+    state = StackState.read()
+    if state is None or not state.alive() or state.broker_kind != "kafka":
+        err_console.print("[red]no local Apache Kafka is running: start it with `rollart local up`[/red]")
+        raise typer.Exit(1)
+    try:
+        argv = kafka_tool_argv(tool, "--bootstrap-server", state.kafka_bootstrap, *ctx.args)
+    except (BrokerUnavailable, ValueError) as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    raise typer.Exit(subprocess.run(argv).returncode)
 
 
 # -- topics ------------------------------------------------------------------------------------------
@@ -154,20 +196,27 @@ def doctor_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Optio
     """Check the broker, topics, Redis, the version store (and Mooncake); round-trip every message kind."""
     from rollart.doctor import doctor_json, run_doctor
 
-    ok, checks = asyncio.run(run_doctor(_config(config)))
+    ok, checks, broker = asyncio.run(run_doctor(_config(config)))
     if as_json:
-        print(json.dumps(doctor_json(ok, checks)))
+        print(json.dumps(doctor_json(ok, checks, broker)))
     else:
         table = Table("check", "result", "latency", "detail")
         for c in checks:
             table.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]FAIL[/red]", f"{c.latency_s * 1000:.1f} ms",
                           c.detail)
         console.print(table)
+        if broker is not None:
+            console.print(f"broker: {broker['kind']} {broker['version'] or '(version unknown)'}")
         console.print("[green]all checks passed[/green]" if ok else "[red]some checks failed; see details[/red]")
     raise typer.Exit(0 if ok else 1)
 
 
 # -- benchmarks --------------------------------------------------------------------------------------
+
+
+BenchBrokerOption = Annotated[Optional[str], typer.Option(
+    "--broker", help="kafka | tansu | both: measure on a throw-away local stack of that broker (both: one "
+                     "after the other, side by side). Default: the configured or running stack.")]
 
 
 @bench_app.command("bus")
@@ -176,27 +225,50 @@ def bench_bus_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Op
                   fill: Annotated[int, typer.Option(help="Records added to the round trip's partitions between growth "
                                                        "measurements.")] = 50_000,
                   fill_steps: Annotated[int, typer.Option(help="Growth measurements (0: none).")] = 0,
+                  broker: BenchBrokerOption = None,
                   out: Annotated[Optional[Path], typer.Option(help="Also write the JSON here.")] = None) -> None:
     """Produce and consume msgs/s and the produce→consume→produce→consume round trip p50/p99; with
     --fill-steps, the round trip again after every --fill more records are stored."""
+    import tempfile
+
+    from rollart.bench.brokers import on_local_stack, per_broker
     from rollart.bench.bus import bench_bus
 
-    result = _run(bench_bus(_config(config), messages=messages, tokens=tokens, roundtrips=roundtrips, fill=fill,
-                            fill_steps=fill_steps))
+    cfg = _config(config)
+    options = dict(messages=messages, tokens=tokens, roundtrips=roundtrips, fill=fill, fill_steps=fill_steps)
+
+    async def on(kind) -> dict:
+        with tempfile.TemporaryDirectory(prefix="rollart-bench-bus-") as work, \
+                on_local_stack(cfg, kind, Path(work)) as local:
+            return await bench_bus(local, **options)
+
+    try:
+        result = _run(bench_bus(cfg, **options) if broker is None else per_broker(broker, on))
+    except ValueError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
     if out:
         out.write_text(json.dumps(result, indent=2))
     if as_json:
         print(json.dumps(result))
         return
-    table = Table("figure", "value")
-    table.add_row("produce", f"{result['produce_msgs_per_s']:,.0f} msgs/s")
-    table.add_row("consume (ConsumerLoop)", f"{result['consume_msgs_per_s']:,.0f} msgs/s")
-    table.add_row("round trip p50", f"{result['roundtrip_p50_s'] * 1000:.2f} ms")
-    table.add_row("round trip p99", f"{result['roundtrip_p99_s'] * 1000:.2f} ms")
-    for row in result["growth"]:
-        table.add_row(f"round trip p50 / p99, {row['records_per_partition']:,} records in each partition",
-                      f"{row['roundtrip_p50_s'] * 1000:.2f} / {row['roundtrip_p99_s'] * 1000:.2f} ms")
-    console.print(table)
+    console.print(_bus_table(result.get("brokers") or {result.get("broker", "configured"): result}))
+
+
+def _bus_table(results: dict[str, dict]) -> Table:
+    table = Table("figure", *results)
+    rows = [("produce (msgs/s)", lambda r: f"{r['produce_msgs_per_s']:,.0f}"),
+            ("consume, ConsumerLoop (msgs/s)", lambda r: f"{r['consume_msgs_per_s']:,.0f}"),
+            ("round trip p50 (ms)", lambda r: f"{r['roundtrip_p50_s'] * 1000:.2f}"),
+            ("round trip p99 (ms)", lambda r: f"{r['roundtrip_p99_s'] * 1000:.2f}")]
+    for name, cell in rows:
+        table.add_row(name, *(cell(r) for r in results.values()))
+    first = next(iter(results.values()))
+    for i, row in enumerate(first["growth"]):
+        table.add_row(f"round trip p50 / p99 (ms), {row['records_per_partition']:,} records per partition",
+                      *(f"{r['growth'][i]['roundtrip_p50_s'] * 1000:.2f} / {r['growth'][i]['roundtrip_p99_s'] * 1000:.2f}"
+                        for r in results.values()))
+    return table
 
 
 # -- stages ------------------------------------------------------------------------------------------
@@ -246,7 +318,7 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
                 trajectories: Annotated[int, typer.Option(min=1)] = 32,
                 out: Annotated[Path, typer.Option()] = Path("out/rollout"),
                 timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 900.0,
-                env_members: int = 1, gen_members: int = 1) -> None:
+                env_members: int = 1, gen_members: int = 1, broker: BrokerOption = None) -> None:
     """Start the stack and every stage as processes; collect N scored trajectories; write summary.json."""
     from rollart.rollout.runner import rollout
 
@@ -270,7 +342,7 @@ def run_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML.")
             resume: Annotated[bool, typer.Option(help="Continue the run recorded in OUT (needs a persistent "
                                                       "broker: configured endpoints or `rollart local up`).")] = False,
             timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 3600.0,
-            env_members: int = 1, gen_members: int = 1) -> None:
+            env_members: int = 1, gen_members: int = 1, broker: BrokerOption = None) -> None:
     """Train end to end: every stage as a process; live progress; OUT/report.json and report.png."""
     from rollart.job.run import RunOptions, run_job
 

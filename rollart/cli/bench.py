@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rollart.cli.options import BrokerOption
 from rollart.config import ConfigError, load_config
 
 console = Console() if Console().is_terminal else Console(width=200)  # tables whole in logs and CI
@@ -56,7 +57,7 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("traj-vs-batch")
     def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
                           mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.05,
-                          repeats: int = 3, trajectories: int = 64, turns: int = 8) -> None:
+                          repeats: int = 3, trajectories: int = 64, turns: int = 8, broker: BrokerOption = None) -> None:
         """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency."""
         from rollart.bench.rollout_modes import bench_traj_vs_batch
 
@@ -69,7 +70,7 @@ def register(bench_app: typer.Typer) -> None:
     def redundancy_cmd(config: ConfigOption = None, out: OutOption = None, redundancy: int = 2, repeats: int = 2,
                        failure_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.01,
                        straggler_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.02,
-                       straggler_s: float = 1.5) -> None:
+                       straggler_s: float = 1.5, broker: BrokerOption = None) -> None:
         """Rollout time per step with and without redundant rollouts, under env failures and stragglers."""
         from rollart.bench.redundancy import bench_redundancy
 
@@ -80,17 +81,30 @@ def register(bench_app: typer.Typer) -> None:
 
     @bench_app.command("pipeline-efficiency")
     def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
-                     max_tokens: int = 8, repeats: int = 3) -> None:
+                     max_tokens: int = 8, repeats: int = 3,
+                     broker: Annotated[Optional[str], typer.Option(
+                         help="kafka | tansu | both: on a throw-away local stack of that broker (both: one after "
+                              "the other). Default: the configured stack, else a local one.")] = None) -> None:
         """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn bus overhead p50/p99."""
+        from rollart.bench.brokers import per_broker
         from rollart.bench.pipeline import bench_pipeline
 
-        run_benchmark(config, out, bench_pipeline, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
-                      "pipeline over raw engine (tokens/s)", trajectories=trajectories, turns=turns,
-                      max_tokens=max_tokens, repeats=repeats)
+        async def measure(config, work, **kwargs):
+            if broker is None:
+                return await bench_pipeline(config, work, **kwargs)
+            return await per_broker(broker, lambda kind: bench_pipeline(config, work / kind, **kwargs))
+
+        result = run_benchmark(config, out, measure, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
+                               "pipeline over raw engine (tokens/s)", trajectories=trajectories, turns=turns,
+                               max_tokens=max_tokens, repeats=repeats)
+        for kind, figures in (result.get("brokers") or {}).items():
+            print_result(figures, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
+                         f"{kind}: pipeline over raw engine (tokens/s)")
 
     @bench_app.command("scale")
     def scale_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 1000, turns: int = 4,
-                  step_s: Annotated[float, typer.Option(help="Env step latency (keeps trajectories open).")] = 2.0) -> None:
+                  step_s: Annotated[float, typer.Option(help="Env step latency (keeps trajectories open).")] = 2.0,
+                  broker: BrokerOption = None) -> None:
         """One env consumer process holding N concurrent trajectories: memory and CPU per trajectory."""
         from rollart.bench.scale import bench_scale
 
@@ -100,7 +114,7 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("weight-sync")
     def weight_sync_cmd(config: ConfigOption = None, out: OutOption = None, versions: int = 6,
                         hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 768,
-                        layers: int = 12) -> None:
+                        layers: int = 12, broker: BrokerOption = None) -> None:
         """Exposed weight-sync time per step: background pull through Mooncake vs a blocking push."""
         from rollart.bench.weight_sync import bench_weight_sync
 
@@ -113,7 +127,7 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("serverless-reward")
     def serverless_reward_cmd(config: ConfigOption = None, out: OutOption = None, bursts: int = 6, burst: int = 64,
                               gap_s: float = 2.0, service_s: float = 0.05, slots: int = 4,
-                              cold_start_s: float = 0.25) -> None:
+                              cold_start_s: float = 0.25, broker: BrokerOption = None) -> None:
         """Rewards on a dedicated worker vs the HTTP function bridge under bursty completions."""
         from rollart.bench.serverless_reward import bench_serverless_reward
 
@@ -126,7 +140,7 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("async")
     def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,
                   modes: Annotated[str, typer.Option(help="Comma-separated subset of sync,one-off,alpha=1,alpha=2.")]
-                  = "sync,one-off,alpha=1,alpha=2") -> None:
+                  = "sync,one-off,alpha=1,alpha=2", broker: BrokerOption = None) -> None:
         """Training throughput: sync (alpha 0), one-off, alpha 1 and 2; generation and trainer on separate CPUs."""
         from rollart.bench.async_modes import bench_async
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart.chaos.run import FAULTS
+from rollart.cli.options import BrokerOption
 
 console = Console()
 
@@ -29,7 +30,7 @@ def register(app: typer.Typer) -> None:
                                                                        "at random, e.g. kill:trainer,redis-flush,"
                                                                        "bad-messages,kill:generation")] = None,
                   out: Annotated[Path, typer.Option(help="Result JSON; the run's files go beside it.")]
-                  = Path("out/chaos/result.json")) -> None:
+                  = Path("out/chaos/result.json"), broker: BrokerOption = None) -> None:
         """Kill stages, flush Redis, break envs and rewards, inject bad records; audit every trajectory."""
         from rollart.chaos.run import run_chaos
 
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
                                                             "(model load, engine warm-up).")] = 120.0,
                  sample: Annotated[float, typer.Option(min=0.5, help="Seconds between memory samples.")] = 5.0,
                  out: Annotated[Path, typer.Option(help="Result JSON; the run's files go beside it.")]
-                 = Path("out/soak/result.json")) -> None:
+                 = Path("out/soak/result.json"), broker: BrokerOption = None) -> None:
         """Hold a steady training stream and report each stage's memory growth (it must be flat)."""
         from rollart.chaos.soak import run_soak
 

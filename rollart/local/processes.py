@@ -71,7 +71,7 @@ class StageProcesses:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(ROLLART_KAFKA_BOOTSTRAP=self.endpoints.kafka_bootstrap, ROLLART_REDIS_URL=self.endpoints.redis_url,
-                   ROLLART_JOB=self.job, PYTHONUNBUFFERED="1")
+                   ROLLART_KAFKA_BROKER=self.endpoints.broker, ROLLART_JOB=self.job, PYTHONUNBUFFERED="1")
         if self.endpoints.mooncake_master and self.endpoints.mooncake_metadata:
             env.update(ROLLART_MOONCAKE_MASTER=self.endpoints.mooncake_master,
                        ROLLART_MOONCAKE_METADATA_SERVER=self.endpoints.mooncake_metadata)

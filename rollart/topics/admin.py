@@ -38,8 +38,17 @@ async def broker_count(admin: AIOKafkaAdminClient) -> int:
     return max(1, len(cluster.get("brokers", [])))
 
 
-async def _describe(admin: AIOKafkaAdminClient, names: list[str]) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
-    partitions = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names) if t["error_code"] == 0}
+async def _describe(admin: AIOKafkaAdminClient, names: list[str],
+                    settle_s: float = 5.0) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    partitions: dict[str, int] = {}
+    deadline = asyncio.get_running_loop().time() + settle_s
+    while True:  # a topic created a moment ago may not be in the broker's metadata cache yet
+        for t in await admin.describe_topics([n for n in names if n not in partitions]):
+            if t["error_code"] == 0:
+                partitions[t["topic"]] = len(t["partitions"])
+        if len(partitions) == len(names) or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
     configs: dict[str, dict[str, str]] = {}
     responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
     for response in responses:
@@ -75,9 +84,12 @@ async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list
             response = await admin.create_topics(
                 [NewTopic(t.name, t.partitions, replication, topic_configs=t.configs) for t in missing])
             for name, code, message in response.topic_errors:
-                if code not in (0, TOPIC_ALREADY_EXISTS):  # a concurrent apply may have won the race
+                if code == TOPIC_ALREADY_EXISTS:  # someone else's create won the race (or the list
+                    existing.add(name)            # lagged it): compare it like any existing topic
+                elif code != 0:
                     raise RuntimeError(f"creating topic {name} failed: error {code} {message}")
-                reports[name] = TopicReport(name, "created" if code == 0 else "exists")
+                else:
+                    reports[name] = TopicReport(name, "created")
         present = [t for t in topics if t.name in existing]
         if present:
             partitions, configs = await _describe(admin, [t.name for t in present])

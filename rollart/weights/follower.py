@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from prometheus_client import Gauge, Histogram
 
+from rollart.bus.reader import topic_partitions
 from rollart.endpoints import kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement
 from rollart.weights.publish import pull_version
@@ -135,8 +136,7 @@ class WeightFollower:
         await consumer.start()
         try:
             topic = self.rt.producer.names.physical("policy.versions")
-            await consumer.topics()
-            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            tps = await topic_partitions(consumer, topic)
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, 0)

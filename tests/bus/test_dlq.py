@@ -13,7 +13,9 @@ from rollart.bus.reader import read_to_end
 from rollart.messages import TaskSpec
 from rollart.messages.codec import H_SCHEMA
 from rollart.runtime import open_runtime
-from tests.conftest import eventually, make_config
+from tests.conftest import BOTH_BROKERS, eventually, make_config
+
+pytestmark = BOTH_BROKERS  # the broker contract
 
 
 def _task(i: int) -> TaskSpec:

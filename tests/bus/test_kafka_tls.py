@@ -1,11 +1,12 @@
 """Kafka TLS and SASL settings pass through from config to every client the system makes.
 
-The broker here (Tansu 0.6, in-memory build) cannot serve TLS or provision SASL users (its `--cert`
-listener never completes a handshake; SCRAM users need a persistent storage engine it was built
-without), so TLS is terminated in front of it by a small proxy with a certificate from a throwaway CA,
-and the broker advertises the proxy's address: every connection a client opens, bootstrap or
-advertised, must speak TLS and verify the certificate. A client path that forgot the settings fails.
-SASL cannot be exercised against a real broker here; its settings are checked on the aiokafka clients.
+The broker contract, on both brokers. Apache Kafka terminates TLS itself (a PEM keystore with a
+certificate from a throwaway CA; clients reach it only through its SSL listener). Tansu 0.6 cannot
+serve TLS (its `--cert` listener never completes a handshake), so there TLS is terminated in front of
+it by a small proxy and the broker advertises the proxy's address. Either way every connection a
+client opens, bootstrap or advertised, must speak TLS and verify the certificate: a client path that
+forgot the settings fails. SASL against a real broker belongs to the delivery-and-security work; here
+its settings are checked on the aiokafka clients.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import threading
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
+from aiokafka.helpers import create_ssl_context
 from pydantic import SecretStr
 
 from rollart.config import KafkaConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.lag import consumer_lag
-from rollart.local.stack import _spawn, _wait_for_port, free_port, tansu_binary
+from rollart.local.brokers import BrokerTls, tansu_binary
+from rollart.local.stack import _spawn, _wait_for_port, free_port, serves_metadata, start_kafka, stop_pid
 from rollart.messages import TaskSpec
 from rollart.runtime import open_runtime
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
-from tests.conftest import RunningLoops, eventually, make_config
+from tests.conftest import BOTH_BROKERS, RunningLoops, eventually, make_config
 
 
 class TlsTerminator:
@@ -75,9 +78,33 @@ class TlsTerminator:
 
 
 @pytest.fixture(scope="module")
-def tls_broker(tmp_path_factory, tls_files):
-    """A Tansu broker reachable only through TLS: (bootstrap, CA file)."""
-    log = tmp_path_factory.mktemp("tls-broker") / "broker.log"
+def tls_broker(tmp_path_factory, tls_files, broker):
+    """A broker of the kind under test reachable only through TLS: its bootstrap address."""
+    folder = tmp_path_factory.mktemp(f"tls-{broker}")
+    if broker == "kafka":
+        yield from _kafka_over_tls(folder, tls_files)
+    else:
+        yield from _tansu_behind_tls(folder, tls_files)
+
+
+def _kafka_over_tls(folder, tls_files):
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(tls_files["key"].read_bytes(), password=None)
+    keystore = folder / "keystore.pem"  # Kafka's PEM keystore: a PKCS#8 key, then the certificate chain
+    keystore.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()) + tls_files["cert"].read_bytes())
+    context = create_ssl_context(cafile=str(tls_files["ca"]))
+    proc, bootstrap, _ = start_kafka(folder / "kafka", folder, BrokerTls(keystore, tls_files["ca"]),
+                                     ready=lambda b: serves_metadata(b, security_protocol="SSL", ssl_context=context))
+    try:
+        yield bootstrap
+    finally:
+        stop_pid(proc.pid, timeout=30)
+
+
+def _tansu_behind_tls(folder, tls_files):
+    log = folder / "broker.log"
     plain, tls = free_port(), free_port()
     proc = _spawn([tansu_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{plain}",
                    "--advertised-listener-url", f"tcp://127.0.0.1:{tls}", "--storage-engine", "memory://tansu/"], log)
@@ -95,9 +122,10 @@ def tls_config(endpoints: Endpoints, bootstrap: str, cafile):
                                          "request_timeout_ms": 5000})
 
 
+@BOTH_BROKERS
 async def test_every_client_path_works_over_tls_with_the_configured_ca(tls_broker, tls_files, endpoints):
     config = tls_config(endpoints, tls_broker, tls_files["ca"])
-    tls_endpoints = Endpoints(tls_broker, endpoints.redis_url, "tls test")
+    tls_endpoints = Endpoints(tls_broker, endpoints.redis_url, "tls test", broker=endpoints.broker)
     await apply_topics(config, tls_endpoints, expand_catalog(config))  # the admin client
     handled: list[str] = []
 
@@ -123,6 +151,7 @@ async def test_every_client_path_works_over_tls_with_the_configured_ca(tls_broke
             await loops.stop_all()
 
 
+@BOTH_BROKERS
 async def test_a_plaintext_client_or_an_unknown_ca_cannot_connect(tls_broker, tls_files):
     for kafka in (KafkaConfig(request_timeout_ms=2000),
                   KafkaConfig(security_protocol="SSL", ssl_cafile=tls_files["stranger_ca"], request_timeout_ms=2000)):

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from rollart.messages import TaskSpec
 from rollart.metrics import MESSAGES_DEDUPLICATED
-from tests.conftest import REPO, eventually
+from tests.conftest import BOTH_BROKERS, REPO, eventually
+
+pytestmark = BOTH_BROKERS  # the broker contract
 
 N = 30
 

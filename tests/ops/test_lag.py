@@ -12,7 +12,9 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from rollart.endpoints import kafka_client_kwargs
 from rollart.lag import consumer_lag, group_topics
 from rollart.messages.samples import sample_messages
-from tests.conftest import REPO
+from tests.conftest import BOTH_BROKERS, REPO
+
+pytestmark = BOTH_BROKERS  # the broker contract
 
 
 async def test_lag_matches_produced_and_committed_offsets(runtime, endpoints):
@@ -41,7 +43,7 @@ async def test_lag_matches_produced_and_committed_offsets(runtime, endpoints):
     out = subprocess.run([sys.executable, "-m", "rollart.cli", "lag", "--json", "--job", config.job],
                          cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "ROLLART_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
-                              "ROLLART_REDIS_URL": endpoints.redis_url})
+                              "ROLLART_REDIS_URL": endpoints.redis_url, "ROLLART_KAFKA_BROKER": endpoints.broker})
     assert out.returncode == 0, out.stderr[-2000:]
     cli = {(r["group"], r["topic"], r["partition"]): r["lag"] for r in json.loads(out.stdout)}
     assert cli[("env", "tasks", 0)] == 6 and cli[("env", "tasks", 1)] == 3

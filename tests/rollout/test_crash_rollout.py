@@ -32,7 +32,7 @@ async def test_rollout_survives_killed_generation_and_env_consumers(stack, tiny_
         "env": {"max_groups": 3, "generation_timeout_s": 120, "shutdown_grace_s": 1},
         "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {"fixed_map": False}}},
     }))
-    endpoints = Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack")
+    endpoints = Endpoints(stack.kafka_bootstrap, stack.redis_url, "test stack", broker=stack.broker_kind)
     config = load_config(path)
     job = f"crash-{uuid.uuid4().hex[:8]}"
     cfg = run_config(config, endpoints, job)
