@@ -57,8 +57,10 @@ async def _end_offsets(client_kwargs: dict, tps: list[TopicPartition], broker: s
                                 **client_kwargs)
     await consumer.start()
     try:
-        if broker != "tansu":
-            return await consumer.end_offsets(tps)
+        cluster = await consumer._client.fetch_all_metadata()  # see rollart.bus.reader.topic_partitions
+        tps = [tp for tp in tps if tp.partition in (cluster.partitions_for_topic(tp.topic) or ())]
+        if broker != "tansu":  # a topic that does not exist has no end (and no row)
+            return await consumer.end_offsets(tps) if tps else {}
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, 0)
@@ -95,7 +97,7 @@ async def consumer_lag(config: RollartConfig, endpoints: Endpoints) -> list[LagR
                                                  if grp == g for p in range(n)]) for g in groups))
     by_group = dict(zip(groups, committed))
     rows = [LagRow(group, logical, p, by_group[group][TopicPartition(physical, p)], ends[TopicPartition(physical, p)])
-            for group, logical, physical, n in pairs for p in range(n)]
+            for group, logical, physical, n in pairs for p in range(n) if TopicPartition(physical, p) in ends]
     for row in rows:
         GROUP_LAG.labels(config.job, row.group, row.topic, str(row.partition)).set(row.lag)
     return rows

@@ -22,6 +22,8 @@ from rollart.messages.codec import H_ID, H_SCHEMA
 from rollart.topics import expand_catalog
 
 KILLABLE = ("generation", "env", "reward", "trainer", "feeder")
+BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log
+BROKER_DOWN_S = 3.0  # how long the broker stays dead: clients see refused connections, not a blip
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,25 @@ def kill_stage(out: Path, stage: str) -> str | None:
                 continue
             return name
     return None
+
+
+async def kill_broker(stack_file: Path, down_s: float = BROKER_DOWN_S) -> str:
+    """SIGKILL the local Apache Kafka recorded in ``stack_file``, wait, restart it on the same port
+    and log (what a crashed broker pod does); returns what happened."""
+    import asyncio
+
+    from rollart.local.stack import StackState, restart_broker
+
+    state = StackState.read(stack_file)
+    if state is None or state.broker_kind != "kafka":
+        raise RuntimeError("kill:broker needs the campaign's own local Apache Kafka (configure no broker "
+                           "endpoints; --broker kafka)")
+    old = state.broker_pid
+    os.kill(old, signal.SIGKILL)
+    await asyncio.sleep(down_s)
+    new = await asyncio.to_thread(restart_broker, state)
+    state.write(stack_file)
+    return f"kafka pid {old} -> {new}"
 
 
 def flush_redis(redis_url: str, config: RollartConfig, job: str) -> int:

@@ -4,7 +4,8 @@ The job runs as ``rollart run`` does (every stage a supervised process) on a sta
 campaign. Faults configured up front: ``env-hang`` / ``env-raise`` (each env step may hang until the
 step timeout or raise), ``reward-fail`` / ``reward-slow`` (every tag is scored by a flaky HTTP function
 that returns the env's reward, fails with 503 or 400, or stalls). Faults injected while it trains,
-one every ``interval_s`` once training runs: ``kill`` (SIGKILL a random stage process),
+one every ``interval_s`` once training runs: ``kill`` (SIGKILL a random stage process; a schedule's
+``kill:broker`` SIGKILLs the campaign's own Apache Kafka and restarts it on its log),
 ``redis-flush`` (delete the job's Redis keys), ``bad-messages`` (undecodable, unknown-kind and
 oversized records into every consumed topic). Recovery time of a fault = until the next training
 step is recorded after it.
@@ -27,7 +28,7 @@ from rollart.chaos import inject
 from rollart.chaos.audit import audit_run
 from rollart.chaos.reward_server import FlakyRewardServer
 from rollart.config import RollartConfig, load_config
-from rollart.local.stack import pid_alive
+from rollart.local.stack import STACK_FILE, pid_alive
 
 CONFIGURED = ("env-hang", "env-raise", "reward-fail", "reward-slow")
 INJECTED = ("kill", "redis-flush", "bad-messages")
@@ -78,6 +79,7 @@ class ChaosDriver:
         self.events: list[FaultEvent] = []
         self.injected: list[inject.Injected] = []
         self.stages_alive_at_end: bool | None = None
+        self.error: str | None = None  # why the driver stopped early
 
     def steps(self) -> list[dict]:
         try:
@@ -112,7 +114,9 @@ class ChaosDriver:
         job_cfg = self.config.model_copy(update={"job": self.job()})
         at = time.time()
         kind, _, stage = kind.partition(":")  # "kill:trainer" names the stage; "kill" picks one
-        if kind == "kill":
+        if kind == "kill" and stage == inject.BROKER:
+            target = await inject.kill_broker(self.out / "stack" / STACK_FILE)
+        elif kind == "kill":
             target = inject.kill_stage(self.out, stage or self.rng.choice(inject.KILLABLE))
             if target is None:
                 return None
@@ -145,11 +149,11 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
     unknown = faults - set(FAULTS)
     for entry in schedule or ():
         kind, _, stage = entry.partition(":")
-        if kind not in INJECTED or (stage and (kind != "kill" or stage not in inject.KILLABLE)):
+        if kind not in INJECTED or (stage and (kind != "kill" or stage not in (*inject.KILLABLE, inject.BROKER))):
             unknown.add(entry)
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)} "
-                         f"(a schedule may name kill:<{'|'.join(inject.KILLABLE)}>)")
+                         f"(a schedule may name kill:<{'|'.join((*inject.KILLABLE, inject.BROKER))}>)")
     out.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(config_path.read_text()) if config_path else {}
     server = FlakyRewardServer(transient_rate=0.2 if "reward-fail" in faults else 0.0,
@@ -158,6 +162,10 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
     reward_url = await server.start() if {"reward-fail", "reward-slow"} & faults else None
     try:
         with job_endpoints(load_config(config_path), out / "stack", mooncake=None) as endpoints:
+            if any(entry == f"kill:{inject.BROKER}" for entry in schedule or ()) and \
+                    not (out / "stack" / STACK_FILE).exists():
+                raise ValueError("kill:broker kills the campaign's own broker: configure no Kafka endpoint "
+                                 "(ROLLART_KAFKA_BOOTSTRAP) so that the campaign starts one")
             data = chaos_job(base, faults, reward_url)
             data["kafka"] = {**data.get("kafka", {}), "bootstrap": endpoints.kafka_bootstrap}
             data["redis"] = {**data.get("redis", {}), "url": endpoints.redis_url}
@@ -173,7 +181,9 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
                 report = await run_job(path, config, RunOptions(steps=steps, out=out, timeout_s=3600))
             finally:
                 drive.cancel()
-                await asyncio.gather(drive, return_exceptions=True)
+                outcome, = await asyncio.gather(drive, return_exceptions=True)
+            if isinstance(outcome, Exception):  # a fault that could not be injected is a failed campaign
+                driver.error = f"{type(outcome).__name__}: {outcome}"
             job_cfg = config.model_copy(update={"job": report["job"]})
             audit = await audit_run(job_cfg, endpoints, CheckpointStore(out / "checkpoints").read_record(),
                                     report["alpha"], driver.injected)
@@ -188,7 +198,8 @@ def chaos_result(driver: ChaosDriver, audit, report: dict, faults: set[str], rew
         if event.recovered_s is not None:
             recovery.setdefault(event.kind, []).append(event.recovered_s)
             if event.kind == "kill":  # also per stage: an engine reload is not a feeder restart
-                recovery.setdefault(f"kill:{inject.stage_of(event.target)}", []).append(event.recovered_s)
+                stage = inject.BROKER if event.target.startswith("kafka pid") else inject.stage_of(event.target)
+                recovery.setdefault(f"kill:{stage}", []).append(event.recovered_s)
     configured = [f for f in CONFIGURED if f in faults]
     survived = sum(1 for e in driver.events if e.recovered_s is not None) + (len(configured) if audit.holds else 0)
     return {
@@ -200,5 +211,5 @@ def chaos_result(driver: ChaosDriver, audit, report: dict, faults: set[str], rew
         "stages_alive": driver.stages_alive_at_end,
         "steps": len(report["steps"]), "restarts": report["restarts"],
         "aborted": audit.trajectories_aborted, "reward_calls": reward_calls,
-        "events": [asdict(e) for e in driver.events], "audit": audit.as_dict(),
+        "events": [asdict(e) for e in driver.events], "audit": audit.as_dict(), "driver_error": driver.error,
     }

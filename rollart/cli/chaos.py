@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
         table.add_row("audit holds", str(result["audit"]["holds"]))
         console.print(table)
         console.print(f"result: {out}")
-        if not result["audit"]["holds"] or not result["stages_alive"]:
+        if result["driver_error"]:
+            Console(stderr=True).print(f"[red]fault injection failed: {result['driver_error']}[/red]")
+        if not result["audit"]["holds"] or not result["stages_alive"] or result["driver_error"]:
             raise typer.Exit(1)
 
     @app.command("soak")

@@ -214,8 +214,7 @@ def trigger_authentication(r: "Renderer") -> dict:
 # -- topics and monitoring -----------------------------------------------------------------------
 
 def kafka_topic(r: "Renderer", topic: PhysicalTopic) -> dict:
-    configs = dict(topic.configs)
-    configs["max.message.bytes"] = r.config.bus.max_value_bytes + 65536  # room for headers and batch overhead
+    configs = dict(topic.configs)  # max.message.bytes included: bus.max_value_bytes plus overhead
     return {"apiVersion": "kafka.strimzi.io/v1beta2", "kind": "KafkaTopic",
             "metadata": {"name": k8s_name(topic.name.replace(".", "-")), "namespace": r.namespace,
                          "labels": {**r.labels("topics"), "strimzi.io/cluster": r.deploy.kafka_cluster}},

@@ -22,7 +22,8 @@ from typing import Any, Callable
 from rollart.local.brokers import BrokerInfo, BrokerKind, BrokerTls, KafkaNode, choose_broker, kafka_libs, kafka_version, \
     tansu_binary, tansu_version
 
-STATE_FILE = "local.json"
+STATE_FILE = "local.json"  # in $ROLLART_HOME: the stack `rollart local up` started
+STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
 
 
 def rollart_home() -> Path:
@@ -290,17 +291,20 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 class LocalStack:
     """Start/stop the embedded services. ``redis_url``: a Redis to use if it answers. ``broker``:
     "kafka" or "tansu" (default: $ROLLART_LOCAL_BROKER, else Apache Kafka where Java and its jars are).
-    ``kafka_home``: the Kafka node's folder (default: ``<log_dir>/../kafka``), kept after stop."""
+    ``kafka_home``: the Kafka node's folder (default: ``<log_dir>/../kafka``), kept after stop.
+    ``state_file``: the stack records itself there, so another process (`rollart chaos` killing and
+    restarting the broker) finds it; whoever restarts a service rewrites it, and stop() reads it."""
 
     def __init__(self, log_dir: Path | None = None, redis_url: str | None = DEFAULT_REDIS_URL,
                  force_embedded_redis: bool = False, mooncake: bool | None = None,
-                 broker: BrokerKind | None = None, kafka_home: Path | None = None):
+                 broker: BrokerKind | None = None, kafka_home: Path | None = None, state_file: Path | None = None):
         self.log_dir = Path(log_dir or rollart_home() / "logs")
         self.mooncake = mooncake_binaries() is not None if mooncake is None else mooncake
         self.redis_url = redis_url
         self.force_embedded_redis = force_embedded_redis
         self.broker = choose_broker(broker)
         self.kafka_home = Path(kafka_home or self.log_dir.parent / "kafka")
+        self.state_file = state_file
         self.state: StackState | None = None
 
     def _start_broker(self) -> tuple[subprocess.Popen, str, BrokerInfo]:
@@ -330,9 +334,13 @@ class LocalStack:
                 self.stop()
                 raise
             self.state.mooncake_pids = [p.pid for p in procs]
+        if self.state_file is not None:
+            self.state.write(self.state_file)
         return self.state
 
     def stop(self) -> None:
+        if self.state_file is not None and self.state is not None:
+            self.state = StackState.read(self.state_file) or self.state  # a restarted broker has a new pid
         if self.state is not None:
             for pid in self.state.pids():
                 stop_pid(pid, timeout=30.0)  # Kafka flushes and closes its log on SIGTERM

@@ -20,7 +20,7 @@ from pathlib import Path
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, NoEndpointError, resolve_endpoints
 from rollart.local.processes import StageProcesses
-from rollart.local.stack import LocalStack
+from rollart.local.stack import STACK_FILE, LocalStack
 from rollart.messages import Abort, Envelope, ScoredTrajectory
 from rollart.models.tiny import ensure_model
 from rollart.runtime import open_runtime
@@ -29,13 +29,14 @@ from rollart.topics.admin import apply_topics
 
 @contextlib.contextmanager
 def job_endpoints(config: RollartConfig, log_dir: Path, *, mooncake: bool | None = False):
-    """Configured/recorded endpoints, or a local stack started for the duration of the run."""
+    """Configured/recorded endpoints, or a local stack started for the duration of the run (recorded
+    in ``log_dir/stack.json``)."""
     try:
         yield resolve_endpoints(config)
         return
     except NoEndpointError:
         pass
-    with LocalStack(log_dir=log_dir, mooncake=mooncake) as state:
+    with LocalStack(log_dir=log_dir, mooncake=mooncake, state_file=log_dir / STACK_FILE) as state:
         yield Endpoints(state.kafka_bootstrap, state.redis_url, "local stack (this run)", state.mooncake_master,
                         state.mooncake_metadata, state.broker_kind)
 

@@ -114,25 +114,34 @@ class TopicNames:
         return physical[len(prefix):]
 
 
-def _topic_configs(retention_ms: int, cleanup_policy: str) -> dict[str, str]:
-    return {"retention.ms": str(retention_ms), "cleanup.policy": cleanup_policy}
+# Room above bus.max_value_bytes for headers and batch overhead (a DLQ record adds error headers).
+MESSAGE_OVERHEAD_BYTES = 64 << 10
+
+
+def _topic_configs(retention_ms: int, cleanup_policy: str, max_message_bytes: int) -> dict[str, str]:
+    # Kafka's default max.message.bytes is ~1 MB, far below bus.max_value_bytes (32 MB): without it a
+    # large request or trajectory is refused by the broker (RecordTooLargeError), not by our codec.
+    return {"retention.ms": str(retention_ms), "cleanup.policy": cleanup_policy,
+            "max.message.bytes": str(max_message_bytes)}
 
 
 def expand_catalog(config: RollartConfig, catalog: dict[str, TopicSpec] | None = None) -> list[PhysicalTopic]:
     """Every topic (and DLQ) the job needs, with pools expanded and the job prefix applied."""
     catalog = catalog if catalog is not None else load_catalog(config.topics)
     names = TopicNames(config.job)
+    limit = config.bus.max_value_bytes + MESSAGE_OVERHEAD_BYTES
     out: list[PhysicalTopic] = []
     for spec in catalog.values():
         logicals = [spec.name.format(pool=p) for p in config.pools] if spec.per_pool else [spec.name]
         for logical in logicals:
             physical = names.physical(logical)
             out.append(PhysicalTopic(logical=logical, name=physical, partitions=spec.partitions,
-                                     configs=_topic_configs(spec.retention_ms, spec.cleanup_policy), spec=spec))
+                                     configs=_topic_configs(spec.retention_ms, spec.cleanup_policy, limit), spec=spec))
             if spec.dlq:
                 out.append(PhysicalTopic(logical=logical + DLQ_SUFFIX, name=names.dlq(physical),
                                          partitions=spec.dlq_partitions,
-                                         configs=_topic_configs(spec.dlq_retention_ms, "delete"),
+                                         configs=_topic_configs(spec.dlq_retention_ms, "delete",
+                                                                limit + MESSAGE_OVERHEAD_BYTES),
                                          spec=spec, is_dlq=True))
     return out
 
