@@ -1,4 +1,5 @@
-"""`rollart local up` → `rollart doctor --json` all ok; broker gone → doctor fails and says what to fix."""
+"""`rollart local up` → `rollart doctor --json` all ok on Apache Kafka; broker gone → doctor fails and
+says what to fix; `local up` again restarts the broker on its log; `--broker tansu` is the fallback."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def test_local_up_then_doctor_is_all_ok_and_broker_down_fails(cli_env):
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
     assert state["started"] and state["redis_pid"], "an embedded Redis was started on request"
+    assert state["broker"]["kind"] == "kafka" and state["broker"]["version"].startswith("4."), state
     assert redis_answers(state["redis_url"])
 
     again = rollart("local", "up", "--json", env=cli_env)
@@ -42,6 +44,7 @@ def test_local_up_then_doctor_is_all_ok_and_broker_down_fails(cli_env):
     doctor = rollart("doctor", "--json", env=cli_env)
     report = json.loads(doctor.stdout)
     assert doctor.returncode == 0 and report["ok"] is True, doctor.stdout
+    assert report["broker"] == state["broker"]
     names = {c["name"] for c in report["checks"]}
     assert {"broker", "topics", "redis", "version_store"} <= names
     assert {f"roundtrip:{k.KIND}" for k in MESSAGE_KINDS} <= names
@@ -58,8 +61,16 @@ def test_local_up_then_doctor_is_all_ok_and_broker_down_fails(cli_env):
     human = rollart("doctor", env=cli_env)
     assert human.returncode != 0 and "FAIL" in human.stdout
 
+    # The log is on disk: the broker started again on it still holds what doctor wrote before the kill.
+    back = json.loads(rollart("local", "up", "--json", env=cli_env).stdout)
+    assert back["started"] and back["broker_pid"] != state["broker_pid"]
+    scratch = subprocess.run(["kcat", "-b", back["kafka_bootstrap"], "-C", "-t", "clitest._doctor", "-e", "-q",
+                              "-f", "%o\n"], capture_output=True, text=True, timeout=60)
+    assert len(scratch.stdout.split()) >= len(MESSAGE_KINDS), scratch.stderr
+
     rollart("local", "down", env=cli_env)
     assert not pid_alive(state["redis_pid"]), "down stops the Redis it started"
+    assert not pid_alive(back["broker_pid"]), "down stops the broker"
 
 
 def test_env_endpoints_take_precedence_and_unreachable_broker_is_explained(cli_env, stack):
@@ -85,3 +96,12 @@ def test_bad_config_fails_naming_the_field(cli_env, tmp_path):
     path.write_text("bus:\n  max_in_flight: -1\n")
     result = rollart("doctor", "--config", str(path), env=cli_env)
     assert result.returncode == 2 and "bus.max_in_flight" in result.stderr
+
+
+def test_local_up_on_tansu_says_so(cli_env):
+    up = rollart("local", "up", "--broker", "tansu", "--json", env=cli_env)
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout)["broker"]["kind"] == "tansu"
+    status = rollart("local", "status", env=cli_env)
+    assert status.returncode == 0 and "Tansu" in status.stdout and "in memory" in status.stdout
+    assert rollart("local", "up", "--broker", "nope", env=cli_env).returncode == 2, "a bad --broker is refused"
