@@ -132,8 +132,9 @@ def local_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -
 
 @local_app.command("kafka-tool", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def local_kafka_tool_cmd(ctx: typer.Context,
-                         tool: Annotated[str, typer.Argument(help="kafka-consumer-groups | kafka-topics | "
-                                                                  "kafka-console-consumer | kafka-get-offsets")]) -> None:
+                         tool: Annotated[str, typer.Argument(
+                             help="kafka-consumer-groups | kafka-topics | kafka-console-consumer | kafka-get-offsets")],
+                         ) -> None:
     """Run one of Apache Kafka's own tools against the local broker (--bootstrap-server is added), e.g.
     `rollart local kafka-tool kafka-consumer-groups --describe --all-groups`."""
     import subprocess
@@ -265,9 +266,9 @@ def _bus_table(results: dict[str, dict]) -> Table:
         table.add_row(name, *(cell(r) for r in results.values()))
     first = next(iter(results.values()))
     for i, row in enumerate(first["growth"]):
+        cells = [r["growth"][i] for r in results.values()]
         table.add_row(f"round trip p50 / p99 (ms), {row['records_per_partition']:,} records per partition",
-                      *(f"{r['growth'][i]['roundtrip_p50_s'] * 1000:.2f} / {r['growth'][i]['roundtrip_p99_s'] * 1000:.2f}"
-                        for r in results.values()))
+                      *(f"{c['roundtrip_p50_s'] * 1000:.2f} / {c['roundtrip_p99_s'] * 1000:.2f}" for c in cells))
     return table
 
 

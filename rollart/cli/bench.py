@@ -57,7 +57,8 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("traj-vs-batch")
     def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
                           mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.05,
-                          repeats: int = 3, trajectories: int = 64, turns: int = 8, broker: BrokerOption = None) -> None:
+                          repeats: int = 3, trajectories: int = 64, turns: int = 8,
+                          broker: BrokerOption = None) -> None:
         """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency."""
         from rollart.bench.rollout_modes import bench_traj_vs_batch
 
@@ -95,7 +96,8 @@ def register(bench_app: typer.Typer) -> None:
             return await per_broker(broker, lambda kind: bench_pipeline(config, work / kind, **kwargs))
 
         result = run_benchmark(config, out, measure, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
-                               f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s)", trajectories=trajectories, turns=turns,
+                               f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s)",
+                               trajectories=trajectories, turns=turns,
                                max_tokens=max_tokens, repeats=repeats)
         for kind, figures in (result.get("brokers") or {}).items():
             if kind != result["broker"]:  # the first broker's figures are the ones printed above

@@ -22,7 +22,8 @@ def _use_broker(value: str | None) -> str | None:
     return value
 
 
-ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML (env ROLLART_* overrides).")]
+ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c",
+                                                      help="Job config YAML (env ROLLART_* overrides).")]
 BrokerOption = Annotated[Optional[str], typer.Option(
     "--broker", envvar=BROKER_ENV, callback=_use_broker,
     help="The broker of a local stack this command starts: kafka (Apache Kafka, the default where Java and "

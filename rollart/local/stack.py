@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollart.local.brokers import BrokerInfo, BrokerKind, BrokerTls, KafkaNode, choose_broker, kafka_libs, kafka_version, \
-    tansu_binary, tansu_version
+from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerTls, KafkaNode, choose_broker, kafka_libs,
+                                   kafka_version, tansu_binary, tansu_version)
 
 STATE_FILE = "local.json"  # in $ROLLART_HOME: the stack `rollart local up` started
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself

@@ -45,6 +45,8 @@ def test_local_up_then_doctor_is_all_ok_and_broker_down_fails(cli_env):
     report = json.loads(doctor.stdout)
     assert doctor.returncode == 0 and report["ok"] is True, doctor.stdout
     assert report["broker"] == state["broker"]
+    listed = rollart("local", "kafka-tool", "kafka-topics", "--list", env=cli_env)
+    assert listed.returncode == 0 and "clitest.trajectories.completed" in listed.stdout.split(), listed.stderr
     names = {c["name"] for c in report["checks"]}
     assert {"broker", "topics", "redis", "version_store"} <= names
     assert {f"roundtrip:{k.KIND}" for k in MESSAGE_KINDS} <= names

@@ -102,8 +102,12 @@ def test_every_dashboard_query_returns_data_from_a_live_run(endpoints, tiny_mode
         # and the data is the run's: the injected message reached the DLQ, both pools generated
         dead = query(port, f'sum(rollart_bus_messages_dead_lettered_total{{job="{run_job}",topic="tasks"}})')
         assert float(dead[0]["value"][1]) >= 1
-        pools = {s["metric"]["pool"] for s in query(port, f'rollart_generation_tokens_total{{job="{run_job}"}}')
-                 if float(s["value"][1]) > 0}
+        pools: set[str] = set()
+        while pools != {"alpha", "beta"} and time.monotonic() < deadline + 120 and proc.poll() is None:
+            # each pool's first tokens arrive when the feeder first releases one of its tags' groups
+            pools = {s["metric"]["pool"] for s in query(port, f'rollart_generation_tokens_total{{job="{run_job}"}}')
+                     if float(s["value"][1]) > 0}
+            time.sleep(1)
         assert pools == {"alpha", "beta"}
     finally:
         if prometheus is not None:
