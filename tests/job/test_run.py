@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 
 from tests.conftest import REPO
 from tests.job.harness import finish, small_job, start, trained_steps, wait
@@ -27,6 +28,7 @@ def test_alpha_zero_trains_only_on_the_current_policy(endpoints, tiny_model, tmp
     assert [s["trained_version"] for s in report["steps"]] == [0, 1, 2, 3], "one version per step, in lock step"
 
 
+@pytest.mark.timeout(900)  # the run's own --timeout: a loaded 2-core machine takes well over 300 s
 def test_demo_config_learns(tmp_path):
     """The shipped demo (warm start, GRPO, alpha 1), shortened: the reward must rise."""
     proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", "configs/demo.yaml", "--steps", "40",
@@ -40,6 +42,7 @@ def test_demo_config_learns(tmp_path):
     assert report["staleness_max"] <= 1 and report["trained_duplicates"] == 0
 
 
+@pytest.mark.timeout(900)
 def test_run_survives_a_killed_trainer_and_a_redis_flush_then_resumes(endpoints, tiny_model, tmp_path):
     """One job, two runs. The first (6 steps): the trainer SIGKILLed after 2 steps (the runner restarts it
     with --resume) and the job's Redis keys deleted; no step lost or repeated. The second, `rollart run

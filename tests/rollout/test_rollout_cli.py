@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.timeout(600)  # the rollout's own subprocess timeout
 def test_rollout_mixed_then_replay(stack, tiny_model, tmp_path):
     env = {**os.environ, "ROLLART_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, "ROLLART_REDIS_URL": stack.redis_url,
            "ROLLART_MODEL_PATH": str(tiny_model), "ROLLART_MODEL_INIT_TINY": "false"}

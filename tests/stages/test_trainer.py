@@ -116,7 +116,8 @@ async def test_duplicates_and_stale_groups_are_never_trained(trainer, loops):
         await admission.force_admit(1)
         await admission.finish(accepted=True, group_id=f"{job}-g{group}")
     await trainer.produce(stale)
-    await eventually(lambda: trainer.stage.buffer.stats.evicted_stale_groups == 2, what="stale groups evicted")
+    await eventually(lambda: trainer.stage.buffer.stats.evicted_stale_groups == 2, timeout=120,
+                     what="stale groups evicted")
     await trainer.produce(fresher)
     await eventually(lambda: len(trainer.steps()) == 3, what="step 3")
     snap = await admission.snapshot()
