@@ -83,7 +83,10 @@ def test_every_dashboard_query_returns_data_from_a_live_run(endpoints, tiny_mode
     job = small_job(endpoints, tiny_model, pools=["alpha", "beta"], feeder={"redundancy": 1})
     job["tags"] = {"frozenlake": {**job["tags"]["frozenlake"], "pool": "alpha"},
                    "sokoban": {"env": "sokoban", "pool": "beta", "max_turns": 3, "reward": {"type": "env"}}}
-    proc, out = start(job, tmp_path, 40)
+    # More steps than the test needs: the run must still be serving metrics when the checks end (it is
+    # stopped below). With few steps a fast run finished before the beta engine, slower to load and
+    # routed around until it was, had generated anything.
+    proc, out = start(job, tmp_path, 500)
     prometheus = None
     try:
         targets = out / "prometheus" / "targets.json"
@@ -108,7 +111,7 @@ def test_every_dashboard_query_returns_data_from_a_live_run(endpoints, tiny_mode
             pools = {s["metric"]["pool"] for s in query(port, f'rollart_generation_tokens_total{{job="{run_job}"}}')
                      if float(s["value"][1]) > 0}
             time.sleep(1)
-        assert pools == {"alpha", "beta"}
+        assert pools == {"alpha", "beta"}, f"pools that generated: {pools}; run exited: {proc.poll()}"
     finally:
         if prometheus is not None:
             prometheus.terminate()
