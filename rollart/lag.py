@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from prometheus_client import Gauge
 
+from rollart.bus.reader import partitions_of
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.topics import expand_catalog
@@ -57,8 +58,9 @@ async def _end_offsets(client_kwargs: dict, tps: list[TopicPartition], broker: s
                                 **client_kwargs)
     await consumer.start()
     try:
-        cluster = await consumer._client.fetch_all_metadata()  # see rollart.bus.reader.topic_partitions
-        tps = [tp for tp in tps if tp.partition in (cluster.partitions_for_topic(tp.topic) or ())]
+        found = await partitions_of(consumer, sorted({tp.topic for tp in tps}))
+        existing = {tp for partitions in found.values() for tp in partitions}
+        tps = [tp for tp in tps if tp in existing]
         if broker != "tansu":  # a topic that does not exist has no end (and no row)
             return await consumer.end_offsets(tps) if tps else {}
         consumer.assign(tps)

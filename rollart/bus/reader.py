@@ -65,8 +65,13 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[Topic
     ``consumer.topics()`` fetches every topic's metadata but keeps only the names; the consumer's own
     cluster view holds only topics it subscribed to (Tansu answered a request for no topics with all
     of them, Apache Kafka answers it with none), so the full answer is asked for and read here."""
+    return (await partitions_of(consumer, [topic]))[topic]
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, topics: list[str]) -> dict[str, list[TopicPartition]]:
+    """The partitions of each of ``topics``, from one metadata request (see topic_partitions)."""
     cluster = await consumer._client.fetch_all_metadata()  # aiokafka has no public call for this
-    return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
+    return {t: [TopicPartition(t, p) for p in sorted(cluster.partitions_for_topic(t) or ())] for t in topics}
 
 
 async def _read_kafka(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: ReadStart,
