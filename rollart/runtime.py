@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from redis.asyncio import Redis
 
-from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler
+from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler, StopRequest
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, resolve_endpoints
 from rollart.health import HEALTH
@@ -57,15 +57,13 @@ async def open_runtime(config: RollartConfig, *, client_id: str | None = None,
         await redis.aclose()
 
 
-async def run_in_order(*, upstream, downstream) -> None:
-    """Run two consumer loops of one member; on SIGTERM stop ``upstream`` first (its handlers still
-    wait on replies that ``downstream`` delivers), then ``downstream``. Re-raises the first failure."""
+async def run_in_order(stop: StopRequest, *, upstream, downstream) -> None:
+    """Run two consumer loops of one member; on ``stop`` (SIGTERM) stop ``upstream`` first (its
+    handlers still wait on replies that ``downstream`` delivers), then ``downstream``. Re-raises the
+    first failure."""
     import asyncio
-    import signal
 
-    event_loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        event_loop.add_signal_handler(sig, upstream.stop)
+    stop.on_request(upstream.stop)
     down = asyncio.create_task(downstream.run())
     up = asyncio.create_task(upstream.run())
     await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)

@@ -4,6 +4,7 @@ from rollart.bus.consumer import ConsumerLoop, Handler, MessageContext, Permanen
 from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DLQ_HEADERS, DeadLetterQueue, DeadLetterRateExceeded
 from rollart.bus.producer import BusProducer
+from rollart.bus.stopping import StopRequest
 
 __all__ = [
     "BusProducer",
@@ -15,4 +16,5 @@ __all__ = [
     "Handler",
     "MessageContext",
     "PermanentError",
+    "StopRequest",
 ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Literal, Sequence
@@ -185,13 +184,13 @@ class ConsumerLoop:
         """Ask the loop to stop gracefully (idempotent, callable from a signal handler)."""
         self._stopping.set()
 
-    def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
-
     async def run(self) -> None:
-        """Consume until :meth:`stop`; re-raises a fatal error (e.g. the DLQ rate limit)."""
+        """Consume until :meth:`stop`; re-raises a fatal error (e.g. the DLQ rate limit). Stopped
+        before it ran, it returns without joining the group."""
+        if self._stopping.is_set():
+            self._started.set()
+            await self._consumer.stop()
+            return
         self._consumer.subscribe(list(self._physical), listener=_Rebalance(self))
         await self._consumer.start()
         self._started.set()

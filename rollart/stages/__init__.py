@@ -16,27 +16,31 @@ def prepare_config(config):
 
 
 async def entry(stage: str, config, pool: str | None = None, *, resume: bool = False) -> None:
-    """Run one member of ``stage`` (the body of `rollart consume` and of consumers/*)."""
+    """Run one member of ``stage`` (the body of `rollart consume` and of consumers/*). SIGTERM is
+    honoured from here on, start-up included (see :mod:`rollart.bus.stopping`)."""
+    from rollart.bus.stopping import StopRequest
+
+    stop = StopRequest.installed()
     config = prepare_config(config)
     if stage == "feeder":
         from rollart.stages.feeder import run_feeder
 
-        await run_feeder(config)
+        await run_feeder(config, stop)
     elif stage == "env":
         from rollart.stages.env import run_env
 
-        await run_env(config)
+        await run_env(config, stop)
     elif stage == "generation":
         from rollart.stages.generation import run_generation
 
-        await run_generation(config, pool)
+        await run_generation(config, pool, stop)
     elif stage == "reward":
         from rollart.stages.reward import run_reward
 
-        await run_reward(config)
+        await run_reward(config, stop)
     elif stage == "trainer":
         from rollart.stages.trainer import run_trainer
 
-        await run_trainer(config, resume=resume)
+        await run_trainer(config, stop, resume=resume)
     else:
         raise ValueError(f"unknown stage {stage!r}")

@@ -26,7 +26,7 @@ from zlib import crc32
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rollart.bus import MessageContext
+from rollart.bus import MessageContext, StopRequest
 from rollart.config import RollartConfig
 from rollart.envs import FaultyEnv, make_env
 from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, SamplingParams, \
@@ -272,8 +272,8 @@ def _with_labels(task: TaskSpec, labels: dict[str, str]) -> TaskSpec:
     return replace(task, labels={**task.labels, **labels})
 
 
-async def run_env(config: RollartConfig) -> None:
-    """Run one env consumer (both loops) until SIGTERM."""
+async def run_env(config: RollartConfig, stop: StopRequest) -> None:
+    """Run one env consumer (both loops) until ``stop`` (SIGTERM)."""
     from rollart.models.tiny import ensure_model
 
     member = f"env-{socket.gethostname()}-{os.getpid()}"
@@ -281,7 +281,7 @@ async def run_env(config: RollartConfig) -> None:
     init_metrics(config)
     async with open_runtime(config, client_id=member) as rt:
         tasks, actions = env_loops(rt, EnvManager(rt, chat, member))
-        await run_in_order(upstream=tasks, downstream=actions)
+        await run_in_order(stop, upstream=tasks, downstream=actions)
 
 
 def env_loops(rt: Runtime, manager: EnvManager):

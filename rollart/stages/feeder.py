@@ -22,6 +22,7 @@ from prometheus_client import Counter, Gauge
 
 from rollart import health
 from rollart.bus.reader import read_to_end
+from rollart.bus.stopping import StopRequest
 from rollart.config import RollartConfig
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
@@ -183,12 +184,8 @@ class Feeder:
         return released
 
 
-async def run_feeder(config: RollartConfig) -> None:
-    import signal
-
+async def run_feeder(config: RollartConfig, stop: StopRequest) -> None:
     async with open_runtime(config, client_id="feeder") as rt:
         feeder = Feeder(rt)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, feeder.stop)
+        stop.on_request(feeder.stop)
         await feeder.run()

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from dataclasses import replace
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rollart.bus import MessageContext, PermanentError
+from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.config import RollartConfig
 from rollart.messages import Abort, Envelope, GenerationRequest
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import PoolRegistry
 from rollart.weights.follower import WeightFollower
+
+log = logging.getLogger(__name__)
 
 TOKENS = Counter("rollart_generation_tokens_total", "Tokens generated", ("job", "pool"))
 REQUESTS = Counter("rollart_generation_requests_total", "Requests finished, by finish reason",
@@ -90,8 +93,9 @@ def generation_loop(rt: Runtime, stage: GenerationStage):
                             fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
 
 
-async def run_generation(config: RollartConfig, pool: str, *, engine=None) -> None:
-    """Run one generation consumer of ``pool`` until SIGTERM."""
+async def run_generation(config: RollartConfig, pool: str, stop: StopRequest, *, engine=None) -> None:
+    """Run one generation consumer of ``pool`` until ``stop`` (SIGTERM); a stop during the engine's
+    start-up skips its warm-up and joins no group."""
     if pool not in config.pools:
         raise ValueError(f"pool {pool!r} is not one of the job's pools {config.pools}")
     member = member_id(pool)
@@ -100,13 +104,15 @@ async def run_generation(config: RollartConfig, pool: str, *, engine=None) -> No
         from rollart.models.tiny import ensure_model
 
         engine = VLLMEngine(ensure_model(config.model), config.generation)
-    await engine.start()
     try:
+        if await stop.unless_requested(engine.start()) is None:
+            log.info("stop requested while the engine started: leaving before joining gen-%s", pool)
+            return
         async with open_runtime(config, client_id=member) as rt:
             follower = WeightFollower(rt, engine, pool=pool, member=member) if config.generation.follow_versions else None
             stage = GenerationStage(rt, engine, pool, member, follower)
             loop = generation_loop(rt, stage)
-            loop.install_signal_handlers()
+            stop.on_request(loop.stop)
             following = asyncio.create_task(follower.run()) if follower else None
             try:
                 async with stage.membership():

@@ -19,7 +19,7 @@ import uuid
 
 from prometheus_client import Counter, Histogram
 
-from rollart.bus import MessageContext, PermanentError
+from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.config import RewardSpec, RollartConfig
 from rollart.envs.math import extract_answer
 from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, Int32Array, SamplingParams, \
@@ -143,7 +143,7 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
     return scoring, bridge.judge.consumer_loop("reward-judge") if bridge.judge is not None else None
 
 
-async def run_reward(config: RollartConfig) -> None:
+async def run_reward(config: RollartConfig, stop: StopRequest) -> None:
     from rollart.models.tiny import ensure_model
 
     for tag, spec in config.tags.items():  # fail at start-up, naming the tag, not on the first trajectory
@@ -166,9 +166,9 @@ async def run_reward(config: RollartConfig) -> None:
         scoring, verdicts = reward_loops(rt, bridge)
         try:
             if verdicts is None:
-                scoring.install_signal_handlers()
+                stop.on_request(scoring.stop)
                 await scoring.run()
             else:
-                await run_in_order(upstream=scoring, downstream=verdicts)
+                await run_in_order(stop, upstream=scoring, downstream=verdicts)
         finally:
             await bridge.close()

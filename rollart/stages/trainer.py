@@ -23,7 +23,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rollart.bus import MessageContext
+from rollart.bus import MessageContext, StopRequest
 from rollart.config import ConfigError, RollartConfig
 from rollart.messages import Envelope, ScoredTrajectory
 from rollart.runtime import Runtime, open_runtime
@@ -314,11 +314,9 @@ def writer_token(checkpoints: CheckpointStore, resume: bool) -> str:
     return token
 
 
-async def run_trainer(config: RollartConfig, *, resume: bool = False) -> None:
-    """Run the trainer until ``trainer.max_steps`` or SIGTERM; ``resume`` continues from the latest
-    checkpoint in ``trainer.checkpoint_dir``."""
-    import signal
-
+async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool = False) -> None:
+    """Run the trainer until ``trainer.max_steps`` or ``stop`` (SIGTERM); ``resume`` continues from
+    the latest checkpoint in ``trainer.checkpoint_dir``."""
     from transformers import AutoTokenizer
 
     trainer_alpha(config)
@@ -341,16 +339,15 @@ async def run_trainer(config: RollartConfig, *, resume: bool = False) -> None:
         await writer.acquire()
         stage = TrainerStage(rt, backend, checkpoints, publisher, writer, pad_id=pad_id, state=state)
         loop = trainer_loop(rt, stage)
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        finish = asyncio.Event()  # SIGTERM, or the consumer loop ended (the step loop then ends too)
+        stop.on_request(finish.set)
         consuming = asyncio.create_task(loop.run())
-        training = asyncio.create_task(stage.run(stop, config.trainer.max_steps))
+        training = asyncio.create_task(stage.run(finish, config.trainer.max_steps))
         try:
-            await asyncio.wait({consuming, training, asyncio.create_task(stop.wait())},
+            await asyncio.wait({consuming, training, asyncio.create_task(finish.wait())},
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop.set()
+            finish.set()
             loop.stop()
             for task in (training, consuming):
                 with contextlib.suppress(asyncio.CancelledError):

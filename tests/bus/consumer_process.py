@@ -1,20 +1,30 @@
 """A consumer in its own process, for the crash and SIGTERM tests.
 
-argv: bootstrap redis_url job group topic effect_key commit_interval_s handler_delay_s
+argv: bootstrap redis_url job group topic effect_key commit_interval_s handler_delay_s [startup_s]
 Each handled message appends its id to the Redis list ``effect_key`` (the handler's side effect)
 and prints "handled <n>". With a long commit interval it never commits (crash test: killed -9);
-with signal handlers installed, SIGTERM drains in-flight handlers, commits and exits 0.
+SIGTERM drains in-flight handlers, commits and exits 0. With ``startup_s`` it first starts up like a
+generation member loading its engine: a blocking part (vLLM's construction) then an async part (its
+warm-up), each ``startup_s`` long; SIGTERM then must end it cleanly too, without joining the group.
 """
 
 import asyncio
 import sys
+import time
 
+from rollart.bus import StopRequest
 from rollart.config import build_config
 from rollart.runtime import open_runtime
 
 
 async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str, effect_key: str,
-               commit_interval_s: str, handler_delay_s: str) -> None:
+               commit_interval_s: str, handler_delay_s: str, startup_s: str = "0") -> None:
+    stop = StopRequest.installed()  # first, as rollart.stages.entry does
+    print("starting", flush=True)
+    time.sleep(float(startup_s))
+    if await stop.unless_requested(asyncio.sleep(float(startup_s), result="warm")) is None:
+        print("stopped during start-up", flush=True)
+        return
     config = build_config({"job": job, "kafka": {"bootstrap": bootstrap}, "redis": {"url": redis_url},
                            "bus": {"commit_interval_s": float(commit_interval_s), "fetch_max_wait_ms": 20,
                                    "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}})
@@ -30,7 +40,7 @@ async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str,
             print(f"handled {handled}", flush=True)
 
         loop = rt.consumer_loop(group, [topic], handle)
-        loop.install_signal_handlers()
+        stop.on_request(loop.stop)
         await loop.run()
     print("exited cleanly", flush=True)
 

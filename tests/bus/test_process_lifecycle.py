@@ -18,11 +18,12 @@ pytestmark = BOTH_BROKERS  # the broker contract
 N = 30
 
 
-async def spawn_consumer(runtime, effect_key: str, *, commit_interval_s: float, handler_delay_s: float):
+async def spawn_consumer(runtime, effect_key: str, *, commit_interval_s: float, handler_delay_s: float,
+                         startup_s: float = 0.0):
     return await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).with_name("consumer_process.py")), runtime.endpoints.kafka_bootstrap,
         runtime.endpoints.redis_url, runtime.config.job, "env", "tasks", effect_key, str(commit_interval_s),
-        str(handler_delay_s), stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        str(handler_delay_s), str(startup_s), stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 async def read_until(proc, text: str, timeout: float = 60.0) -> list[str]:
@@ -86,6 +87,24 @@ async def test_sigterm_finishes_in_flight_work_commits_and_exits(runtime, redis)
     effects = [m.decode() for m in await redis.lrange(effect_key, 0, -1)]
     assert effects[0] == "task:g0", "the in-flight handler completed"
     assert await _committed(runtime, config) == len(effects), "exactly what was handled is committed"
+
+
+async def test_sigterm_during_start_up_exits_cleanly_without_joining(runtime, redis):
+    """A stage SIGTERMed while it still loads (an engine's blocking construction, then its warm-up)
+    exits 0 at once: no default-action death (-15), no group join, nothing handled or committed."""
+    config = runtime.config
+    effect_key = f"{config.job}:effect"
+    await runtime.producer.send_and_wait("tasks", TaskSpec(group_id="g0", env="e", tag="t", group_size=1), key="g0")
+    for delay_s in (1.0, 4.0):  # the signal lands in the blocking part (0-3 s), then in the async one (3-6 s)
+        proc = await spawn_consumer(runtime, effect_key, commit_interval_s=0.1, handler_delay_s=0, startup_s=3.0)
+        await read_until(proc, "starting")
+        await asyncio.sleep(delay_s)
+        proc.send_signal(signal.SIGTERM)
+        rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode().split("\n")
+        assert await proc.wait() == 0, rest
+        assert "stopped during start-up" in rest and not any(line.startswith("handled") for line in rest)
+    assert await redis.llen(effect_key) == 0
+    assert await _committed(runtime, config) == 0
 
 
 async def _committed(runtime, config) -> int:
