@@ -71,6 +71,9 @@ class BusConfig(Section):
     retry_backoff_s: float = Field(default=0.1, ge=0)
     dedup_ttl_s: int = Field(default=24 * 3600, ge=1)
     dlq_max_per_minute: int = Field(default=120, ge=1)
+    # Broker-side de-duplication of producer retries (sequence numbers per producer id). On Apache
+    # Kafka only: Tansu answers InitProducerId with an unknown error, so there it stays off.
+    idempotent_producer: bool = True
     linger_ms: int = Field(default=0, ge=0)  # 1 ms cost ~3 ms per round trip here; batching happens anyway under load
     max_value_bytes: int = Field(default=32 << 20, ge=1024)
     session_timeout_ms: int = Field(default=10_000, ge=1_000)

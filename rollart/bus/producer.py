@@ -31,6 +31,7 @@ class BusProducer:
         self._producer = AIOKafkaProducer(
             client_id=client_id or f"{config.kafka.client_id}-producer",
             acks="all",
+            enable_idempotence=config.bus.idempotent_producer and endpoints.broker == "kafka",
             linger_ms=config.bus.linger_ms,
             max_request_size=config.kafka.max_request_bytes,
             **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),

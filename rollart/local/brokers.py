@@ -105,6 +105,7 @@ KAFKA_TOOLS = {
     "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
     "kafka-get-offsets": "org.apache.kafka.tools.GetOffsetShell",
     "kafka-storage": "kafka.tools.StorageTool",
+    "kafka-dump-log": "org.apache.kafka.tools.DumpLogSegments",
 }
 
 

@@ -8,10 +8,11 @@ import asyncio
 import json
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 from rollart.lag import consumer_lag
-from rollart.local.brokers import kafka_tool_argv
-from rollart.messages import DEFAULT_CODEC, CompletedTrajectory
+from rollart.local.brokers import KafkaNode, kafka_tool_argv
+from rollart.messages import DEFAULT_CODEC, CompletedTrajectory, TaskSpec
 from rollart.messages.samples import sample_messages, sample_trajectory
 from rollart.topics import expand_catalog
 from tests.conftest import KAFKA_ONLY, eventually
@@ -89,3 +90,24 @@ async def test_rollart_lag_agrees_with_kafka_consumer_groups(runtime, endpoints)
         if lag is not None:  # Kafka prints "-" where the group never committed; rollart counts it all
             assert row.lag == lag, key
     assert kafka_view[(f"{runtime.config.job}.tasks", 0)] == (7, 10, 3)
+
+
+async def test_producer_batches_are_idempotent_on_the_log(runtime, stack):
+    """The broker's own log (Kafka's kafka-dump-log) shows each batch with the producer's id and a
+    sequence number: the broker drops a retried batch it already holds instead of appending it twice."""
+    sent = [await runtime.producer.send_and_wait("tasks", TaskSpec(group_id="g0", env="frozenlake", tag="frozenlake", group_size=1), key="one-key")
+            for _ in range(3)]
+    partition = sent[0].partition
+    segment = next((KafkaNode(Path(stack.broker_dir)).data_dir / f"{sent[0].topic}-{partition}").glob("*.log"))
+    dumped = subprocess.run(kafka_tool_argv("kafka-dump-log", "--files", str(segment)),
+                            capture_output=True, text=True, timeout=120)
+    assert dumped.returncode == 0, dumped.stderr
+    batches = [line for line in dumped.stdout.splitlines() if line.startswith("baseOffset:")]
+    assert len(batches) == 3, dumped.stdout
+    producer_ids = {field(line, "producerId") for line in batches}
+    assert len(producer_ids) == 1 and int(producer_ids.pop()) >= 0, "one idempotent producer id, not -1"
+    assert [int(field(line, "baseSequence")) for line in batches] == [0, 1, 2]
+
+
+def field(line: str, name: str) -> str:
+    return line.split(f"{name}: ", 1)[1].split()[0]
