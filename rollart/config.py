@@ -287,6 +287,9 @@ class DeployConfig(Section):
     kafka_cluster: str = "rollart"  # the Strimzi Kafka resource the KafkaTopics belong to
     kafka_bootstrap: str = "rollart-kafka-bootstrap:9092"
     secret: str | None = None  # a Secret whose keys become env vars (ROLLART_KAFKA_SASL_PASSWORD, ...)
+    # One Strimzi KafkaUser per stage (SCRAM-SHA-512, the ACLs rollart.topics.access derives from the
+    # catalog); each stage's pods log in as theirs, the password from the Secret Strimzi writes for it.
+    kafka_users: bool = False
     redis: bool = True  # deploy a Redis (a cache: every counter rebuilds from the topics); False: redis.url
     redis_image: str = "redis:7.2-alpine"
     mooncake: bool = True  # deploy a Mooncake master and store for weight buckets
@@ -331,6 +334,15 @@ class RollartConfig(BaseSettings):
     trainer: TrainerConfig = TrainerConfig()
     tags: dict[str, TagConfig] = Field(default_factory=dict)
     deploy: DeployConfig = DeployConfig()
+
+    @model_validator(mode="after")
+    def _check_kafka_users(self) -> "RollartConfig":
+        if self.deploy.kafka_users and (self.kafka.security_protocol not in ("SASL_SSL", "SASL_PLAINTEXT")
+                                        or self.kafka.sasl_mechanism != "SCRAM-SHA-512"):
+            raise ValueError("deploy.kafka_users: Strimzi's KafkaUsers log in with SCRAM-SHA-512; set "
+                             "kafka.security_protocol SASL_SSL (or SASL_PLAINTEXT) and kafka.sasl_mechanism "
+                             "SCRAM-SHA-512")
+        return self
 
     @model_validator(mode="after")
     def _check_pools(self) -> "RollartConfig":

@@ -3,7 +3,7 @@
 from rollart.bus.consumer import ConsumerLoop, Handler, MessageContext, PermanentError
 from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DLQ_HEADERS, DeadLetterQueue, DeadLetterRateExceeded
-from rollart.bus.producer import BusProducer
+from rollart.bus.producer import BusProducer, NotAuthorized
 from rollart.bus.stopping import StopRequest
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Deduplicator",
     "Handler",
     "MessageContext",
+    "NotAuthorized",
     "PermanentError",
     "StopRequest",
 ]

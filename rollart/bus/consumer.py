@@ -34,7 +34,7 @@ from rollart import health
 from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DeadLetterQueue, DeadLetterRateExceeded
 from rollart.bus.offsets import OffsetTracker
-from rollart.bus.producer import BusProducer
+from rollart.bus.producer import AUTHORIZATION_ERRORS, BusProducer, NotAuthorized, client_principal
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages import Envelope, MessageDecodeError
@@ -72,12 +72,14 @@ class MessageContext:
     topic: str  # logical topic name
     producer: BusProducer
     acks: list[asyncio.Future] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)  # physical topics of ``acks``
 
     async def produce(self, topic: str, message: Any, *, key: str | bytes | None = None,
                       partition: int | None = None, policy_version: int | None = None) -> None:
         """Produce an output; the loop waits for its ack before the input counts as done."""
         self.acks.append(await self.producer.send(topic, message, key=key, partition=partition,
                                                   policy_version=policy_version))
+        self.written.append(self.producer.names.physical(topic))
 
 
 Handler = Callable[[Envelope, MessageContext], Awaitable[None]]
@@ -274,8 +276,8 @@ class ConsumerLoop:
             await self._process_record(record, topic, labels)
         except asyncio.CancelledError:
             raise  # not done: stays uncommitted and is redelivered to whoever owns the partition next
-        except DeadLetterRateExceeded as exc:
-            log.error("%s", exc)
+        except (DeadLetterRateExceeded, NotAuthorized) as exc:  # stop; the message stays uncommitted
+            log.error("%s: %s", self.group, exc)
             self._fatal = exc
             self.stop()
             return
@@ -326,8 +328,10 @@ class ConsumerLoop:
                 if ctx.acks:
                     await asyncio.gather(*ctx.acks)
                 return None
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, NotAuthorized):
                 raise
+            except AUTHORIZATION_ERRORS as exc:  # an ack refused by the broker's ACLs
+                raise NotAuthorized(client_principal(self.config), sorted(set(ctx.written)), exc) from exc
             except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
                 MESSAGES_FAILED.labels(*labels, FAILURE_HANDLER).inc()
                 error = f"handler: {type(exc).__name__}: {exc}"

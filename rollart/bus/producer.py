@@ -6,6 +6,8 @@ import asyncio
 from typing import Any, Sequence
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (ClusterAuthorizationFailedError, TopicAuthorizationFailedError,
+                             TransactionalIdAuthorizationFailed)
 from aiokafka.structs import RecordMetadata
 
 from rollart.config import RollartConfig
@@ -13,6 +15,29 @@ from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, Codec
 from rollart.metrics import PRODUCED
 from rollart.topics import TopicNames
+
+
+# The broker's ACLs refuse the client: a deployment error, never the message's fault.
+AUTHORIZATION_ERRORS = (TopicAuthorizationFailedError, ClusterAuthorizationFailedError,
+                        TransactionalIdAuthorizationFailed)
+
+
+class NotAuthorized(Exception):
+    """Writing ``topics`` is not allowed to ``principal``. Consumer loops stop on it without
+    committing the input (nothing is lost; a fixed ACL lets the restarted stage redo it) instead of
+    dead-lettering message after message."""
+
+    def __init__(self, principal: str, topics: Sequence[str], cause: BaseException):
+        self.principal, self.topics = principal, tuple(topics)
+        super().__init__(f"{principal} is not authorized to write topic(s) {', '.join(self.topics)} "
+                         f"({type(cause).__name__}); grant the stage's ACLs (rollart.topics.access lists them)")
+
+
+def client_principal(config: RollartConfig) -> str:
+    """The principal the broker sees for this client's SASL user (or that there is none)."""
+    if config.kafka.security_protocol.startswith("SASL") and config.kafka.sasl_username:
+        return f"User:{config.kafka.sasl_username}"
+    return f"the {config.kafka.security_protocol} client (no SASL user)"
 
 
 class BusProducer:
@@ -69,8 +94,11 @@ class BusProducer:
                        ) -> "asyncio.Future[RecordMetadata]":
         if isinstance(key, str):
             key = key.encode()
-        future = await self._producer.send(physical_topic, value, key=key, headers=list(headers),
-                                           partition=partition)
+        try:
+            future = await self._producer.send(physical_topic, value, key=key, headers=list(headers),
+                                               partition=partition)
+        except AUTHORIZATION_ERRORS as exc:
+            raise NotAuthorized(client_principal(self.config), [physical_topic], exc) from exc
         future.add_done_callback(self._count_ack(physical_topic))
         return future
 

@@ -274,7 +274,6 @@ def _bus_table(results: dict[str, dict]) -> Table:
 
 # -- stages ------------------------------------------------------------------------------------------
 
-STAGES = ("feeder", "env", "generation", "reward", "trainer")
 
 
 @app.command("consume")
@@ -284,6 +283,8 @@ def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | genera
                 resume: Annotated[bool, typer.Option(help="Trainer: continue from the latest checkpoint.")] = False,
                 ) -> None:
     """Run one member of a stage until SIGTERM."""
+    from rollart.stages import STAGE_GROUPS as STAGES
+
     cfg = _config(config)
     if stage not in STAGES:
         err_console.print(f"[red]unknown stage {stage!r}; choose one of {', '.join(STAGES)}[/red]")

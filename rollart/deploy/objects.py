@@ -8,6 +8,7 @@ import yaml
 
 from rollart.deploy.render import (APP_USER, CHECKPOINT_DIR, CONFIG_DIR, MOONCAKE_HTTP_PORT, MOONCAKE_METRICS_PORT,
                                    MOONCAKE_RPC_PORT, MOONCAKE_STORE_PORT, REDIS_PORT, WORK_DIR, Component, k8s_name)
+from rollart.topics.access import StageAccess, stage_principal
 from rollart.topics.catalog import PhysicalTopic
 
 if TYPE_CHECKING:
@@ -90,6 +91,17 @@ def stage_env(r: "Renderer") -> list[dict]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
 
 
+def kafka_user_env(r: "Renderer", component: Component) -> list[dict]:
+    """The stage's own Kafka login: its KafkaUser's name, and the password Strimzi's User Operator
+    keeps in a Secret of the same name (set here, these win over the same keys in deploy.secret)."""
+    if not r.deploy.kafka_users:
+        return []
+    principal = stage_principal(r.job, component.stage, component.pool)
+    return [{"name": "ROLLART_KAFKA_SASL_USERNAME", "value": principal},
+            {"name": "ROLLART_KAFKA_SASL_PASSWORD",
+             "valueFrom": {"secretKeyRef": {"name": principal, "key": "password"}}}]
+
+
 def stage_container(r: "Renderer", component: Component) -> dict:
     spec = component.spec
     _, mounts = stage_volumes(r, component)
@@ -98,7 +110,7 @@ def stage_container(r: "Renderer", component: Component) -> dict:
         "image": r.deploy.image, "imagePullPolicy": r.deploy.image_pull_policy,
         "command": ["rollart", "consume", *component.args, "--config", f"{CONFIG_DIR}/config.yaml"],
         "workingDir": WORK_DIR,
-        "env": stage_env(r),
+        "env": stage_env(r) + kafka_user_env(r, component),
         "ports": [{"name": "metrics", "containerPort": r.deploy.metrics_port, "protocol": "TCP"}],
         "resources": resources(spec),
         "securityContext": container_security(),
@@ -220,6 +232,23 @@ def kafka_topic(r: "Renderer", topic: PhysicalTopic) -> dict:
                          "labels": {**r.labels("topics"), "strimzi.io/cluster": r.deploy.kafka_cluster}},
             "spec": {"topicName": topic.name, "partitions": topic.partitions,
                      "replicas": r.config.kafka.replication_factor, "config": configs}}
+
+
+def kafka_user(r: "Renderer", access: StageAccess) -> dict:
+    """A Strimzi KafkaUser for one stage: SCRAM-SHA-512 and exactly the stage's ACLs."""
+    def rule(kind: str, name: str, operations: list[str]) -> dict:
+        return {"resource": {"type": kind, "name": name, "patternType": "literal"}, "operations": operations,
+                "host": "*"}
+
+    acls = [rule("topic", t, ["Read", "Describe"]) for t in access.read if t not in access.write]
+    acls += [rule("topic", t, ["Read", "Write", "Describe"] if t in access.read else ["Write", "Describe"])
+             for t in access.write]
+    acls += [rule("group", g, ["Read"]) for g in access.groups]
+    return {"apiVersion": "kafka.strimzi.io/v1beta2", "kind": "KafkaUser",
+            "metadata": {"name": access.principal, "namespace": r.namespace,
+                         "labels": {**r.labels(access.stage), "strimzi.io/cluster": r.deploy.kafka_cluster}},
+            "spec": {"authentication": {"type": "scram-sha-512"},
+                     "authorization": {"type": "simple", "acls": acls}}}
 
 
 def pod_monitor(r: "Renderer") -> dict:

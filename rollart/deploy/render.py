@@ -23,6 +23,7 @@ from typing import Any
 
 from rollart.config import ConfigError, RollartConfig, StageDeployment
 from rollart.topics import expand_catalog, load_catalog
+from rollart.topics.access import job_access
 from rollart.topics.catalog import TopicSpec
 
 APP_USER = 10001
@@ -159,6 +160,8 @@ class Renderer:
         if self.config.kafka.security_protocol != "PLAINTEXT":
             docs.append(objects.trigger_authentication(self))
         docs += [objects.kafka_topic(self, topic) for topic in expand_catalog(self.config, self.catalog)]
+        if self.deploy.kafka_users:
+            docs += [objects.kafka_user(self, access) for access in job_access(self.config)]
         docs.append(objects.pod_monitor(self))
         return docs
 

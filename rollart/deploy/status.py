@@ -41,8 +41,9 @@ def stage_groups(renderer: Renderer, stage: str, pool: str | None) -> tuple[str,
     from rollart.lag import group_topics
 
     groups = {g for g, *_ in group_topics(renderer.config)}
-    wanted = {"env": ("env", "env-actions"), "reward": ("reward", "reward-judge"), "trainer": ("trainer",),
-              "generation": (f"gen-{pool}",), "feeder": ()}[stage]
+    from rollart.stages import STAGE_GROUPS
+
+    wanted = [g.format(pool=pool) for g in STAGE_GROUPS[stage]]
     return tuple(g for g in wanted if g in groups)
 
 

@@ -142,10 +142,41 @@ class BrokerTls:
                 "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.truststore)}
 
 
-def kafka_properties(data_dir: Path, port: int, controller_port: int, tls: BrokerTls | None = None) -> str:
+@dataclass(frozen=True)
+class BrokerSasl:
+    """SASL/SCRAM-SHA-512 on the TLS client listener, with ACLs enforced (nothing is allowed that no
+    ACL allows). ``admin`` is the broker's own user (inter-broker traffic, e.g. transaction markers,
+    goes through the same listener) and the super user that creates topics, users and ACLs."""
+
+    admin_user: str
+    admin_password: str
+
+    MECHANISM = "SCRAM-SHA-512"
+
+    def properties(self) -> dict[str, str]:
+        login = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                 f'username="{self.admin_user}" password="{self.admin_password}";')
+        return {"sasl.enabled.mechanisms": self.MECHANISM, "sasl.mechanism.inter.broker.protocol": self.MECHANISM,
+                f"listener.name.sasl_ssl.{self.MECHANISM.lower()}.sasl.jaas.config": login,
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found": "false",
+                # ANONYMOUS: the broker's requests to its own controller on the loopback-only
+                # PLAINTEXT controller listener (KRaft keeps SCRAM credentials in the metadata the
+                # controller serves, so that listener cannot use SCRAM itself).
+                "super.users": f"User:{self.admin_user};User:ANONYMOUS"}
+
+    def format_args(self) -> list[str]:
+        """The admin's SCRAM credential, written with the storage (the broker needs it to start)."""
+        return ["--add-scram", f"{self.MECHANISM}=[name={self.admin_user},password={self.admin_password}]"]
+
+
+def kafka_properties(data_dir: Path, port: int, controller_port: int, tls: BrokerTls | None = None,
+                     sasl: BrokerSasl | None = None) -> str:
     """A single-node KRaft broker+controller on loopback, sized for a small machine and quick tests.
-    ``tls``: clients must speak TLS."""
-    client = "SSL" if tls else "PLAINTEXT"
+    ``tls``: clients must speak TLS; ``sasl`` (with ``tls``): and authenticate, under ACLs."""
+    if sasl and not tls:
+        raise ValueError("SASL on the local broker needs its TLS listener (SASL_SSL)")
+    client = "SASL_SSL" if sasl else "SSL" if tls else "PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -157,6 +188,7 @@ def kafka_properties(data_dir: Path, port: int, controller_port: int, tls: Broke
         "inter.broker.listener.name": client,
         "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
         **(tls.properties() if tls else {}),
+        **(sasl.properties() if sasl else {}),
         "log.dirs": str(data_dir),
         # one node: every internal topic has one replica
         "offsets.topic.replication.factor": "1",
@@ -210,9 +242,10 @@ class KafkaNode:
     def properties(self) -> Path:
         return self.home / "server.properties"
 
-    def configure(self, port: int, controller_port: int, tls: BrokerTls | None = None) -> None:
+    def configure(self, port: int, controller_port: int, tls: BrokerTls | None = None,
+                  sasl: BrokerSasl | None = None) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        self.properties.write_text(kafka_properties(self.data_dir, port, controller_port, tls))
+        self.properties.write_text(kafka_properties(self.data_dir, port, controller_port, tls, sasl))
         (self.home / "log4j2.properties").write_text(LOG4J2)
 
     def port(self) -> int:
@@ -234,11 +267,12 @@ class KafkaNode:
     def formatted(self) -> bool:
         return (self.data_dir / "meta.properties").exists()
 
-    def format(self) -> None:
+    def format(self, sasl: BrokerSasl | None = None) -> None:
         """Format the storage once; a formatted log is started as it is (that is what persists)."""
         if self.formatted():
             return
-        argv = self._java("kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(), "-c", str(self.properties))
+        argv = self._java("kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(), "-c", str(self.properties),
+                          *(sasl.format_args() if sasl else ()))
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"formatting Kafka storage in {self.data_dir} failed: {done.stdout}{done.stderr}")

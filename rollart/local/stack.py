@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerTls, KafkaNode, choose_broker, kafka_libs,
-                                   kafka_version, tansu_binary, tansu_version)
+from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
+                                   kafka_libs, kafka_version, tansu_binary, tansu_version)
 
 STATE_FILE = "local.json"  # in $ROLLART_HOME: the stack `rollart local up` started
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
@@ -178,12 +178,14 @@ BROKER_START_TIMEOUT_S = 120.0  # a JVM on a busy 2-core machine
 
 
 def start_kafka(home: Path, log_dir: Path, tls: BrokerTls | None = None,
-                ready: Callable[[str], bool] | None = None) -> tuple[subprocess.Popen, str, BrokerInfo]:
+                ready: Callable[[str], bool] | None = None,
+                sasl: BrokerSasl | None = None) -> tuple[subprocess.Popen, str, BrokerInfo]:
     """Apache Kafka on free loopback ports; its log in ``home`` (formatted once, then reused).
-    ``tls``: clients connect over TLS only; ``ready(bootstrap)`` then says when it serves."""
+    ``tls``: clients connect over TLS only, and with ``sasl`` authenticate under ACLs;
+    ``ready(bootstrap)`` then says when it serves."""
     node = KafkaNode(home)
-    node.configure(free_port(), free_port(), tls)
-    node.format()
+    node.configure(free_port(), free_port(), tls, sasl)
+    node.format(sasl)
     return _run_kafka(node, log_dir, ready)
 
 

@@ -1,5 +1,16 @@
 """The stages of the RL loop, each run by its consumer group (see consumers/)."""
 
+# The consumer groups each stage's members join ("{pool}": the member's generation pool). The topic
+# catalog names a topic's producers and consumers by these groups (or by the stage's name), so what a
+# stage may read and write (rollart.topics.access) follows from the two.
+STAGE_GROUPS: dict[str, tuple[str, ...]] = {
+    "feeder": (),
+    "env": ("env", "env-actions"),
+    "generation": ("gen-{pool}",),
+    "reward": ("reward", "reward-judge"),
+    "trainer": ("trainer",),
+}
+
 
 def prepare_config(config):
     """Import every tag's env class (so a typo fails now, naming the tag, and its ``hw_mapping`` /

@@ -35,8 +35,10 @@ class TopicSpec(BaseModel):
     retention_ms: int = Field(ge=-1)
     cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
     per_pool: bool = False
-    producers: tuple[str, ...] = ()
-    consumers: tuple[str, ...] = ()
+    producers: tuple[str, ...] = ()  # stages (by name or consumer group) that write the topic
+    consumers: tuple[str, ...] = ()  # consumer groups that consume it
+    # Stages that read it outside any group, from the start (state rebuilt from the log); "*": every stage.
+    readers: tuple[str, ...] = ()
     dlq: bool = True
     dlq_partitions: int = Field(default=1, ge=1)
     dlq_retention_ms: int = Field(default=30 * 24 * 3600 * 1000, ge=-1)

@@ -3,7 +3,7 @@
 kubernetes-validate knows the built-in kinds only. These schemas hold what each operator needs to
 act on a resource (required fields, types, enums and bounds as the CRDs declare them) for the
 fields we set: KEDA 2.x ScaledObject / TriggerAuthentication and its Kafka scaler's metadata,
-Strimzi KafkaTopic (v1beta2), Prometheus-operator PodMonitor (v1). ``additionalProperties: false``
+Strimzi KafkaTopic and KafkaUser (v1beta2), Prometheus-operator PodMonitor (v1). ``additionalProperties: false``
 where we set fields, so a typo in a field name fails.
 """
 
@@ -80,6 +80,28 @@ KAFKA_TOPIC = _resource("kafka.strimzi.io/v1beta2", "KafkaTopic", {
     },
 }, labels_required=("strimzi.io/cluster",))  # the Topic Operator watches only its cluster's label
 
+KAFKA_USER = _resource("kafka.strimzi.io/v1beta2", "KafkaUser", {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "authentication": {"type": "object", "required": ["type"], "additionalProperties": False,
+                           "properties": {"type": {"enum": ["tls", "tls-external", "scram-sha-512"]}}},
+        "authorization": {"type": "object", "required": ["type", "acls"], "additionalProperties": False,
+                          "properties": {"type": {"const": "simple"}, "acls": {"type": "array", "items": {
+                              "type": "object", "required": ["resource", "operations"], "additionalProperties": False,
+                              "properties": {
+                                  "resource": {"type": "object", "required": ["type"], "additionalProperties": False,
+                                               "properties": {
+                                                   "type": {"enum": ["topic", "group", "cluster", "transactionalId"]},
+                                                   "name": {"type": "string"},
+                                                   "patternType": {"enum": ["literal", "prefix"]}}},
+                                  "operations": {"type": "array", "minItems": 1, "items": {"enum": [
+                                      "Read", "Write", "Create", "Delete", "Alter", "Describe", "ClusterAction",
+                                      "AlterConfigs", "DescribeConfigs", "IdempotentWrite", "All"]}},
+                                  "host": {"type": "string"},
+                                  "type": {"enum": ["allow", "deny"]}}}}}},
+    },
+}, labels_required=("strimzi.io/cluster",))  # the User Operator watches only its cluster's label
+
 POD_MONITOR = _resource("monitoring.coreos.com/v1", "PodMonitor", {
     "type": "object", "required": ["selector", "podMetricsEndpoints"], "additionalProperties": False,
     "properties": {
@@ -92,4 +114,4 @@ POD_MONITOR = _resource("monitoring.coreos.com/v1", "PodMonitor", {
 })
 
 SCHEMAS = {"ScaledObject": SCALED_OBJECT, "TriggerAuthentication": TRIGGER_AUTHENTICATION,
-           "KafkaTopic": KAFKA_TOPIC, "PodMonitor": POD_MONITOR}
+           "KafkaTopic": KAFKA_TOPIC, "KafkaUser": KAFKA_USER, "PodMonitor": POD_MONITOR}

@@ -181,6 +181,40 @@ def test_bad_deploy_config_fails_naming_the_field(tmp_path):
     assert "sasl_password" not in pod_yaml and "pw1" not in pod_yaml and "pw2" not in pod_yaml  # from the Secret
 
 
+def test_kafka_users_carry_each_stages_acls_and_pods_log_in_as_them(config):
+    from rollart.topics.access import job_access
+
+    secured = config.model_copy(update={
+        "kafka": config.kafka.model_copy(update={"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}),
+        "deploy": config.deploy.model_copy(update={"kafka_users": True, "secret": "kafka-ca"})})
+    docs = render_job(secured)
+    users = by_kind(docs, "KafkaUser")
+    accesses = {a.principal: a for a in job_access(secured)}
+    assert set(users) == set(accesses) and len(users) == 4 + len(secured.pools)
+    for name, user in users.items():
+        jsonschema.validate(user, SCHEMAS["KafkaUser"])
+        access = accesses[name]
+        granted = {(rule["resource"]["type"], rule["resource"]["name"], op)
+                   for rule in user["spec"]["authorization"]["acls"] for op in rule["operations"]}
+        wanted = ({("topic", t, op) for t in access.read for op in ("Read", "Describe")}
+                  | {("topic", t, op) for t in access.write for op in ("Write", "Describe")}
+                  | {("group", g, "Read") for g in access.groups})
+        assert granted == wanted, name
+    for deployment in by_kind(docs, "Deployment").values():
+        container = pod(deployment)["containers"][0]
+        if container.get("command", [])[:2] != ["rollart", "consume"]:
+            continue  # Redis, Mooncake
+        stage, pool = container["command"][2], None
+        if stage == "generation":
+            pool = container["command"][container["command"].index("--pool") + 1]
+        principal = next(a.principal for a in accesses.values() if (a.stage, a.pool) == (stage, pool))
+        env = {e["name"]: e for e in container["env"]}
+        assert env["ROLLART_KAFKA_SASL_USERNAME"]["value"] == principal
+        assert env["ROLLART_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": principal, "key": "password"}
+    with pytest.raises(ConfigError, match="deploy.kafka_users"):
+        build_config({"deploy": {"kafka_users": True}})
+
+
 def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_path):
     out = tmp_path / "rendered"
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "deploy", "render", str(EXAMPLE), "--out", str(out)],

@@ -1,0 +1,74 @@
+"""What each stage may read and write on the broker, derived from the topic catalog.
+
+One principal per stage (a stage's members share it; a generation pool is its own stage): it may
+read the topics its consumer groups consume, and those the catalog lets it read outside a group
+(``readers``); join its groups; write the topics it produces and the DLQs of the topics it consumes
+(its consumer loops dead-letter there). Nothing else. The local stack turns these into Kafka ACLs,
+``rollart deploy render`` into Strimzi ``KafkaUser`` resources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollart.config import RollartConfig
+from rollart.topics.catalog import DLQ_SUFFIX, load_catalog
+
+
+@dataclass(frozen=True)
+class StageAccess:
+    stage: str
+    pool: str | None
+    principal: str  # the SASL user name, e.g. "demo-gen-h20"
+    groups: tuple[str, ...]  # physical consumer group ids
+    read: tuple[str, ...]  # physical topics
+    write: tuple[str, ...]
+
+    @property
+    def component(self) -> str:
+        return f"generation/{self.pool}" if self.pool else self.stage
+
+
+def stage_principal(job: str, stage: str, pool: str | None = None) -> str:
+    from rollart.deploy.render import k8s_name
+
+    return k8s_name(job, "gen", pool) if pool else k8s_name(job, stage)
+
+
+def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> StageAccess:
+    """The topics and groups one stage's principal is allowed (``pool`` for generation only)."""
+    from rollart.stages import STAGE_GROUPS
+
+    if stage not in STAGE_GROUPS:
+        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGE_GROUPS)}")
+    if (stage == "generation") != (pool is not None):
+        raise ValueError("a pool names a generation stage, and only that")
+    own_groups = {g.format(pool=pool) for g in STAGE_GROUPS[stage]}
+    names = own_groups | {stage}
+    read: set[str] = set()
+    write: set[str] = set()
+    for spec in load_catalog(config.topics).values():
+        for topic_pool in (config.pools if spec.per_pool else [pool]):
+            def named(entries: tuple[str, ...]) -> set[str]:
+                return {e.format(pool=topic_pool) if topic_pool else e for e in entries}
+
+            physical = f"{config.job}.{spec.name.format(pool=topic_pool)}" if spec.per_pool \
+                else f"{config.job}.{spec.name}"
+            consumed = bool(names & named(spec.consumers))
+            if consumed or stage in spec.readers or "*" in spec.readers:
+                read.add(physical)
+            if names & named(spec.producers):
+                write.add(physical)
+            if consumed and spec.dlq:
+                write.add(physical + DLQ_SUFFIX)
+    groups = tuple(sorted(f"{config.job}.{g}" for g in own_groups))
+    return StageAccess(stage, pool, stage_principal(config.job, stage, pool), groups,
+                       tuple(sorted(read)), tuple(sorted(write)))
+
+
+def job_access(config: RollartConfig) -> list[StageAccess]:
+    """Every stage's access, one generation entry per pool."""
+    from rollart.stages import STAGE_GROUPS
+
+    return [stage_access(config, stage, pool) for stage in STAGE_GROUPS
+            for pool in (config.pools if stage == "generation" else [None])]
