@@ -320,13 +320,16 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
                 trajectories: Annotated[int, typer.Option(min=1)] = 32,
                 out: Annotated[Path, typer.Option()] = Path("out/rollout"),
                 timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 900.0,
-                env_members: int = 1, gen_members: int = 1, broker: BrokerOption = None) -> None:
+                env_members: int = 1, gen_members: int = 1, broker: BrokerOption = None,
+                secure: Annotated[bool, typer.Option(help="On the run's own Apache Kafka with SASL_SSL (SCRAM) and "
+                                                          "ACLs: each stage logs in as its own user.")] = False,
+                ) -> None:
     """Start the stack and every stage as processes; collect N scored trajectories; write summary.json."""
     from rollart.rollout.runner import rollout
 
     cfg = _config(config_path)
     summary = _run(rollout(config_path, cfg, trajectories=trajectories, out=out, timeout_s=timeout,
-                           env_members=env_members, gen_members=gen_members))
+                           env_members=env_members, gen_members=gen_members, secure=secure))
     table = Table("tag", "completed", "reward mean", "turns mean", "success")
     for tag, row in summary["by_tag"].items():
         table.add_row(tag, str(row["completed"]), f"{row['reward_mean']:.3f}", f"{row['turns_mean']:.2f}",

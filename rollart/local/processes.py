@@ -67,6 +67,8 @@ class StageProcesses:
     # stage -> CPUs its processes (and their children: vLLM's engine core) may run on, and as many
     # compute threads (torch, OpenMP, vLLM's CPU binding) as CPUs
     cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # (stage, pool) -> environment of that stage only (its own Kafka login on a secured stack)
+    stage_env: dict[tuple[str, str | None], dict[str, str]] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -85,6 +87,8 @@ class StageProcesses:
         argv = [sys.executable, "-m", "rollart.cli", "consume", stage, "--config", str(self.config_path), *args]
         process = StageProcess(name, argv, self.log_dir / f"{name}.log")
         env = self.env()
+        pool = args[args.index("--pool") + 1] if "--pool" in args else None
+        env.update(self.stage_env.get((stage, pool), {}))
         cpus = self.cpu_affinity.get(stage)
         if cpus:
             env.update(OMP_NUM_THREADS=str(len(cpus)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)))

@@ -14,8 +14,12 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollart.local.brokers import BrokerSasl, BrokerTls
+
+if TYPE_CHECKING:
+    from rollart.config import RollartConfig
 
 ADMIN_USER = "admin"
 
@@ -70,6 +74,24 @@ class LocalSecurity:
         """The ``kafka`` section (less the bootstrap) a client of this broker uses, as ``user``."""
         return {"security_protocol": "SASL_SSL", "sasl_mechanism": BrokerSasl.MECHANISM, "sasl_username": user,
                 "sasl_password": self.admin_password if password is None else password, "ssl_cafile": str(self.ca)}
+
+    def stage_env(self, user: str, password: str) -> dict[str, str]:
+        """The same settings as environment for a stage process (ROLLART_KAFKA_*)."""
+        return {f"ROLLART_KAFKA_{key.upper()}": value for key, value in self.kafka_config(user, password).items()}
+
+    def secure_job(self, config: RollartConfig, bootstrap: str) -> dict[tuple[str, str | None], tuple[str, str]]:
+        """A SCRAM user with a fresh password and its ACLs for every stage of ``config``'s job (its
+        topics exist); returns (stage, pool) -> (user, password)."""
+        from rollart.config import KafkaConfig
+        from rollart.topics.access import job_access
+        from rollart.topics.acls import admin_client, grant, upsert_scram_users
+
+        accesses = job_access(config)
+        logins = {(a.stage, a.pool): (a.principal, secrets.token_urlsafe(18)) for a in accesses}
+        admin = admin_client(KafkaConfig(**self.kafka_config()), bootstrap)
+        upsert_scram_users(admin, dict(logins.values()))
+        grant(admin, accesses)
+        return logins
 
 
 def _write_private(path: Path, data: bytes) -> None:

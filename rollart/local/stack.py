@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
                                    kafka_libs, kafka_version, tansu_binary, tansu_version)
+from rollart.local.security import LocalSecurity
 
 STATE_FILE = "local.json"  # in $ROLLART_HOME: the stack `rollart local up` started
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
@@ -100,6 +101,8 @@ class StackState:
     broker_kind: BrokerKind = "tansu"
     broker_version: str | None = None
     broker_dir: str | None = None  # Apache Kafka: the node's folder (config and log), kept across restarts
+    # A secured Apache Kafka (SASL_SSL, SCRAM, ACLs): the rollart.local.security.LocalSecurity folder
+    kafka_security: str | None = None
 
     @property
     def broker(self) -> BrokerInfo:
@@ -200,6 +203,18 @@ def _run_kafka(node: KafkaNode, log_dir: Path,
     return proc, bootstrap, BrokerInfo("kafka", kafka_version(kafka_libs()))
 
 
+def serves_metadata_to(security: LocalSecurity) -> Callable[[str], bool]:
+    """Readiness of a secured broker: it serves metadata to its admin over SASL_SSL."""
+    from rollart.config import KafkaConfig
+    from rollart.endpoints import kafka_client_kwargs
+
+    def ready(bootstrap: str) -> bool:
+        kwargs = kafka_client_kwargs(KafkaConfig(**security.kafka_config()), bootstrap)
+        return serves_metadata(bootstrap, **{k: v for k, v in kwargs.items()
+                                             if k not in ("bootstrap_servers", "request_timeout_ms")})
+    return ready
+
+
 def start_tansu(log_dir: Path) -> tuple[subprocess.Popen, str, BrokerInfo]:
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
@@ -217,7 +232,8 @@ def restart_broker(state: StackState) -> int:
     if state.broker_kind != "kafka" or state.broker_dir is None:
         raise RuntimeError("only the local Apache Kafka broker can be restarted (Tansu loses its log)")
     stop_pid(state.broker_pid)
-    proc, _, _ = _run_kafka(KafkaNode(Path(state.broker_dir)), Path(state.log_dir))
+    ready = serves_metadata_to(LocalSecurity(Path(state.kafka_security))) if state.kafka_security else None
+    proc, _, _ = _run_kafka(KafkaNode(Path(state.broker_dir)), Path(state.log_dir), ready)
     state.broker_pid = proc.pid
     return proc.pid
 
@@ -299,7 +315,8 @@ class LocalStack:
 
     def __init__(self, log_dir: Path | None = None, redis_url: str | None = DEFAULT_REDIS_URL,
                  force_embedded_redis: bool = False, mooncake: bool | None = None,
-                 broker: BrokerKind | None = None, kafka_home: Path | None = None, state_file: Path | None = None):
+                 broker: BrokerKind | None = None, kafka_home: Path | None = None, state_file: Path | None = None,
+                 secure: bool = False):
         self.log_dir = Path(log_dir or rollart_home() / "logs")
         self.mooncake = mooncake_binaries() is not None if mooncake is None else mooncake
         self.redis_url = redis_url
@@ -308,8 +325,14 @@ class LocalStack:
         self.kafka_home = Path(kafka_home or self.log_dir.parent / "kafka")
         self.state_file = state_file
         self.state: StackState | None = None
+        if secure and self.broker != "kafka":
+            raise ValueError("a secured local stack (SASL_SSL, ACLs) needs Apache Kafka; Tansu has neither")
+        self.security = LocalSecurity.create(self.kafka_home / "security") if secure else None
 
     def _start_broker(self) -> tuple[subprocess.Popen, str, BrokerInfo]:
+        if self.security is not None:
+            return start_kafka(self.kafka_home, self.log_dir, self.security.broker_tls(),
+                               serves_metadata_to(self.security), self.security.broker_sasl())
         if self.broker == "kafka":
             return start_kafka(self.kafka_home, self.log_dir)
         return start_tansu(self.log_dir)
@@ -328,7 +351,8 @@ class LocalStack:
         self.state = StackState(kafka_bootstrap=bootstrap, redis_url=redis_url, broker_pid=broker.pid,
                                 redis_pid=redis_pid, log_dir=str(self.log_dir), started_at=time.time(),
                                 broker_kind=info.kind, broker_version=info.version,
-                                broker_dir=str(self.kafka_home) if info.kind == "kafka" else None)
+                                broker_dir=str(self.kafka_home) if info.kind == "kafka" else None,
+                                kafka_security=str(self.security.folder) if self.security else None)
         if self.mooncake:
             try:
                 procs, self.state.mooncake_master, self.state.mooncake_metadata = start_mooncake(self.log_dir)

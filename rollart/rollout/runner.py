@@ -17,9 +17,10 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from rollart.config import RollartConfig
+from rollart.config import KafkaConfig, RollartConfig
 from rollart.endpoints import Endpoints, NoEndpointError, resolve_endpoints
 from rollart.local.processes import StageProcesses
+from rollart.local.security import LocalSecurity
 from rollart.local.stack import STACK_FILE, LocalStack
 from rollart.messages import Abort, Envelope, ScoredTrajectory
 from rollart.models.tiny import ensure_model
@@ -28,26 +29,41 @@ from rollart.topics.admin import apply_topics
 
 
 @contextlib.contextmanager
-def job_endpoints(config: RollartConfig, log_dir: Path, *, mooncake: bool | None = False):
+def job_endpoints(config: RollartConfig, log_dir: Path, *, mooncake: bool | None = False, secure: bool = False):
     """Configured/recorded endpoints, or a local stack started for the duration of the run (recorded
-    in ``log_dir/stack.json``)."""
-    try:
-        yield resolve_endpoints(config)
-        return
-    except NoEndpointError:
-        pass
-    with LocalStack(log_dir=log_dir, mooncake=mooncake, state_file=log_dir / STACK_FILE) as state:
+    in ``log_dir/stack.json``). ``secure``: always the run's own stack, a SASL_SSL Kafka with ACLs."""
+    if not secure:
+        try:
+            yield resolve_endpoints(config)
+            return
+        except NoEndpointError:
+            pass
+    with LocalStack(log_dir=log_dir, mooncake=mooncake, state_file=log_dir / STACK_FILE,
+                    broker="kafka" if secure else None, secure=secure) as state:
         yield Endpoints(state.kafka_bootstrap, state.redis_url, "local stack (this run)", state.mooncake_master,
-                        state.mooncake_metadata, state.broker_kind)
+                        state.mooncake_metadata, state.broker_kind, kafka_security=state.kafka_security)
 
 
 def run_config(config: RollartConfig, endpoints: Endpoints, job: str, **updates) -> RollartConfig:
+    """The run's config: its job name and endpoints (on a secured stack, logged in as its admin)."""
+    kafka = {"bootstrap": endpoints.kafka_bootstrap, "broker": endpoints.broker}
+    if endpoints.kafka_security:
+        kafka.update(LocalSecurity(Path(endpoints.kafka_security)).kafka_config())
     return config.model_copy(update={
         "job": job,
-        "kafka": config.kafka.model_copy(update={"bootstrap": endpoints.kafka_bootstrap, "broker": endpoints.broker}),
+        "kafka": KafkaConfig(**{**config.kafka.model_dump(), **kafka}),
         "redis": config.redis.model_copy(update={"url": endpoints.redis_url}),
         **updates,
     })
+
+
+async def stage_logins(config: RollartConfig, endpoints: Endpoints) -> dict[tuple[str, str | None], dict[str, str]]:
+    """On a secured stack: a user and ACLs per stage of the job, as each stage's environment."""
+    if not endpoints.kafka_security:
+        return {}
+    security = LocalSecurity(Path(endpoints.kafka_security))
+    logins = await asyncio.to_thread(security.secure_job, config, endpoints.kafka_bootstrap)
+    return {stage: security.stage_env(user, password) for stage, (user, password) in logins.items()}
 
 
 class Collector:
@@ -111,16 +127,18 @@ async def collect(config: RollartConfig, target: int, procs: StageProcesses, tim
 
 
 async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int, out: Path,
-                  timeout_s: float = 900.0, env_members: int = 1, gen_members: int = 1) -> dict:
+                  timeout_s: float = 900.0, env_members: int = 1, gen_members: int = 1, secure: bool = False) -> dict:
+    """``secure``: on the run's own SASL_SSL Kafka, each stage logged in as its own ACL'd user."""
     out.mkdir(parents=True, exist_ok=True)
     ensure_model(config.model)  # once, before the stages race to create it
     groups = math.ceil(trajectories / config.feeder.group_size) + 2 * env_members * config.env.max_groups
-    with job_endpoints(config, out / "stack") as endpoints:
+    with job_endpoints(config, out / "stack", secure=secure) as endpoints:
         job = f"{config.job}-{uuid.uuid4().hex[:6]}"
         cfg = run_config(config, endpoints, job)
         await apply_topics(cfg, endpoints)
         procs = StageProcesses(config_path, endpoints, job, out / "logs",
-                               extra_env={"ROLLART_FEEDER_ALPHA": "null", "ROLLART_FEEDER_MAX_GROUPS": str(groups)})
+                               extra_env={"ROLLART_FEEDER_ALPHA": "null", "ROLLART_FEEDER_MAX_GROUPS": str(groups)},
+                               stage_env=await stage_logins(cfg, endpoints))
         started = time.monotonic()
         try:
             for pool in cfg.pools:
@@ -133,6 +151,7 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
             collector = await collect(cfg, trajectories, procs, timeout_s)
         finally:
             exit_codes = procs.stop_all()
-        summary = {"job": job, **collector.summary(time.monotonic() - started), "exit_codes": exit_codes}
+        summary = {"job": job, **collector.summary(time.monotonic() - started), "exit_codes": exit_codes,
+                   "stage_users": sorted(env["ROLLART_KAFKA_SASL_USERNAME"] for env in procs.stage_env.values())}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

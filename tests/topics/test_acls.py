@@ -18,19 +18,21 @@ from rollart.bus import NotAuthorized
 from rollart.config import KafkaConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.local.security import LocalSecurity
-from rollart.local.stack import serves_metadata, start_kafka, stop_pid
+from rollart.local.stack import serves_metadata_to, start_kafka, stop_pid
 from rollart.messages import CompletedTrajectory, TaskSpec
 from rollart.messages.samples import sample_trajectory
 from rollart.runtime import open_runtime
 from rollart.topics import expand_catalog
 from rollart.topics.access import job_access, stage_access
-from rollart.topics.acls import admin_client, grant, upsert_scram_users
 from rollart.topics.admin import apply_topics
 from tests.conftest import make_config
 
 
+PASSWORDS: dict[str, str] = {}  # principal -> password, of every job secured here
+
+
 def password(principal: str) -> str:
-    return f"pw-{principal}"
+    return PASSWORDS[principal]
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +41,8 @@ def secure_kafka(tmp_path_factory, endpoints):
     config (as admin) with its topics, a SCRAM user per stage and the stages' ACLs."""
     folder = tmp_path_factory.mktemp("secure-kafka")
     security = LocalSecurity.create(folder / "security")
-    admin_kafka = KafkaConfig(**security.kafka_config())
-
-    def ready(bootstrap: str) -> bool:
-        kwargs = kafka_client_kwargs(admin_kafka, bootstrap)
-        return serves_metadata(bootstrap, **{k: v for k, v in kwargs.items()
-                                             if k not in ("bootstrap_servers", "request_timeout_ms")})
-
-    proc, bootstrap, _ = start_kafka(folder / "kafka", folder, security.broker_tls(), ready, security.broker_sasl())
+    proc, bootstrap, _ = start_kafka(folder / "kafka", folder, security.broker_tls(), serves_metadata_to(security),
+                                     security.broker_sasl())
     try:
         yield security, bootstrap, lambda: secured_job(security, bootstrap, endpoints)
     finally:
@@ -58,19 +54,13 @@ async def secured_job(security: LocalSecurity, bootstrap: str, endpoints: Endpoi
     config = make_config(endpoints, kafka={"bootstrap": bootstrap, "broker": "kafka", **security.kafka_config()})
     secure = Endpoints(bootstrap, endpoints.redis_url, "secure test", broker="kafka")
     await apply_topics(config, secure, expand_catalog(config))
-    await asyncio.to_thread(secure_the_job, config.kafka, bootstrap, config)
+    logins = await asyncio.to_thread(security.secure_job, config, bootstrap)
+    PASSWORDS.update(logins.values())
     return config
 
 
-def secure_the_job(admin_kafka: KafkaConfig, bootstrap: str, config) -> None:
-    admin = admin_client(admin_kafka, bootstrap)  # dropped on return: librdkafka's threads end with it
-    accesses = job_access(config)
-    upsert_scram_users(admin, {a.principal: password(a.principal) for a in accesses})
-    grant(admin, accesses)
-
-
-def as_user(config, security: LocalSecurity, principal: str, pw: str | None = None):
-    kafka = {**config.kafka.model_dump(), **security.kafka_config(principal, pw or password(principal)),
+def as_user(config, security: LocalSecurity, principal: str):
+    kafka = {**config.kafka.model_dump(), **security.kafka_config(principal, password(principal)),
              "request_timeout_ms": 5000}
     return config.model_copy(update={"kafka": KafkaConfig(**kafka)})
 
