@@ -7,7 +7,10 @@ Read from the topics and the trainer's record, never from Redis (it may have bee
   the run stopped and would be rerun — not lost;
 * every completed trajectory the reward group committed past was scored or dead-lettered;
 * no trajectory was trained twice, none beyond the staleness bound;
-* every injected bad record is in its topic's DLQ (matched by source topic, partition and offset).
+* every injected bad record is in its topic's DLQ (matched by source topic, partition and offset);
+* ``duplicates_produced``: per topic, records whose message id an earlier record already carried
+  (a stage killed after producing, before committing, produces again on redelivery). Under
+  at-least-once they are expected, and de-duplicated by id downstream (nothing is trained twice).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Audit:
     over_staleness: int = 0
     bad_injected: int = 0
     bad_not_in_dlq: list[str] = field(default_factory=list)
+    duplicates_produced: dict[str, int] = field(default_factory=dict)  # logical topic -> extra copies
 
     @property
     def holds(self) -> bool:
@@ -78,11 +82,14 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
                     injected: list[Injected]) -> Audit:
     audit = Audit()
     lag = await consumer_lag(config, endpoints)
+    tasks = await _messages(config, endpoints, "tasks")
     completions = await _messages(config, endpoints, "trajectories.completed")
-    _audit_trajectories(audit, await _messages(config, endpoints, "tasks"), completions,
-                        _committed(lag, "env", "tasks"))
-    scored = {m.trajectory.traj_id for _, m in await _messages(config, endpoints, "rewards.results")
-              if isinstance(m, ScoredTrajectory)}
+    results = await _messages(config, endpoints, "rewards.results")
+    audit.duplicates_produced = {topic: _extra_copies(messages) for topic, messages in
+                                 (("tasks", tasks), ("trajectories.completed", completions),
+                                  ("rewards.results", results))}
+    _audit_trajectories(audit, tasks, completions, _committed(lag, "env", "tasks"))
+    scored = {m.trajectory.traj_id for _, m in results if isinstance(m, ScoredTrajectory)}
     dead = await _dlq_sources(config, endpoints)
     completed = [(r, m) for r, m in completions if isinstance(m, CompletedTrajectory)]
     _audit_rewards(audit, completed, scored, dead, _committed(lag, "reward", "trajectories.completed"))
@@ -91,6 +98,11 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
     audit.bad_not_in_dlq = [f"{i.topic}[{i.partition}]@{i.offset} ({i.what})" for i in injected
                             if (i.topic, i.partition, i.offset) not in dead]
     return audit
+
+
+def _extra_copies(messages) -> int:
+    """Records beyond the first of each message id."""
+    return sum(n - 1 for n in Counter(m.message_id() for _, m in messages).values())
 
 
 def _audit_rewards(audit: Audit, completed, scored: set[str], dead: set[tuple[str, int, int]],

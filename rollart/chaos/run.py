@@ -207,6 +207,7 @@ def chaos_result(driver: ChaosDriver, audit, report: dict, faults: set[str], rew
         "faults_survived": survived,
         "trajectories_lost": len(audit.trajectories_lost) + len(audit.unscored),
         "duplicates_trained": len(audit.duplicates_trained),
+        "duplicates_produced": audit.duplicates_produced,
         "recovery_s": {kind: statistics.mean(values) for kind, values in recovery.items()},
         "stages_alive": driver.stages_alive_at_end,
         "steps": len(report["steps"]), "restarts": report["restarts"],

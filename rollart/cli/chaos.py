@@ -48,6 +48,8 @@ def register(app: typer.Typer) -> None:
         for key in ("faults_injected", "faults_survived", "trajectories_lost", "duplicates_trained", "stages_alive",
                     "steps"):
             table.add_row(key, str(result[key]))
+        for topic, copies in result["duplicates_produced"].items():
+            table.add_row(f"duplicates produced: {topic}", str(copies))
         for kind, seconds in result["recovery_s"].items():
             table.add_row(f"recovery {kind} (s)", f"{seconds:.1f}")
         table.add_row("audit holds", str(result["audit"]["holds"]))

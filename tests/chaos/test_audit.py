@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from rollart.chaos.audit import Audit, _audit_rewards, _audit_trajectories
+from rollart.chaos.audit import Audit, _audit_rewards, _audit_trajectories, _extra_copies
 from rollart.messages import Abort, TaskSpec
 from rollart.messages.samples import sample_trajectory
 
@@ -44,3 +44,11 @@ def test_a_settled_group_needs_every_member_ended_and_an_unsettled_one_is_in_fli
     assert audit.groups_released == 2 and audit.groups_settled == 1
     assert audit.trajectories_lost == ["g1-2"]  # the redundant third member never ended
     assert audit.trajectories_completed == 2 and audit.trajectories_aborted == {}
+
+
+def test_copies_of_a_message_id_count_as_duplicates_produced():
+    # g1-0 produced three times (two redeliveries after kills); an Abort of g1-1 is another message
+    records = completed(("g1-0", 0), ("g1-1", 1), ("g1-0", 2), ("g1-0", 3))
+    records.append((Record(TOPIC, 0, 4), Abort(traj_id="g1-1", turn=1, reason="redundant")))
+    assert _extra_copies(records) == 2
+    assert _extra_copies(completed(("g1-0", 0), ("g1-1", 1))) == 0

@@ -59,6 +59,10 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(tiny_mo
     assert [e["kind"] for e in report["events"]] == [s.split(":")[0] for s in SCHEDULE], "every fault injected"
     assert all(e["recovered_s"] is not None for e in report["events"]), "training went on after every fault"
     assert report["trajectories_lost"] == 0 and report["duplicates_trained"] == 0
+    # at-least-once: a stage killed between producing and committing produces again; counted, and
+    # de-duplicated by message id before it could be trained twice
+    assert set(report["duplicates_produced"]) == {"tasks", "trajectories.completed", "rewards.results"}
+    assert all(isinstance(n, int) and n >= 0 for n in report["duplicates_produced"].values())
     assert audit["holds"] and report["stages_alive"] and report["faults_survived"] == report["faults_injected"]
     assert audit["bad_injected"] >= 4 * 5 and not audit["bad_not_in_dlq"], "every bad record dead-lettered"
     assert audit["staleness_max"] <= 1 and audit["trained"] == STEPS * 16
