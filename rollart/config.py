@@ -74,6 +74,11 @@ class BusConfig(Section):
     # Broker-side de-duplication of producer retries (sequence numbers per producer id). On Apache
     # Kafka only: Tansu answers InitProducerId with an unknown error, so there it stays off.
     idempotent_producer: bool = True
+    # at_least_once: every hop commits after its outputs are acknowledged; redeliveries are dropped
+    # by message id (Redis). exactly_once (Apache Kafka): the hops off the per-turn path (the env
+    # stage's completions, the reward bridge's scores) commit outputs and input offsets in one Kafka
+    # transaction per commit interval, and every consumer reads committed records only.
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     linger_ms: int = Field(default=0, ge=0)  # 1 ms cost ~3 ms per round trip here; batching happens anyway under load
     max_value_bytes: int = Field(default=32 << 20, ge=1024)
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
@@ -307,6 +312,10 @@ class DeployConfig(Section):
     pools: dict[str, StageDeployment] = Field(default_factory=dict)  # generation pools; unset: one GPU each
 
 
+TANSU_HAS_NO_TRANSACTIONS = ("bus.processing_guarantee: exactly_once needs Kafka transactions, which Tansu (the "
+                             "broker here) does not have; use Apache Kafka or at_least_once")
+
+
 class RollartConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ROLLART_",
@@ -334,6 +343,12 @@ class RollartConfig(BaseSettings):
     trainer: TrainerConfig = TrainerConfig()
     tags: dict[str, TagConfig] = Field(default_factory=dict)
     deploy: DeployConfig = DeployConfig()
+
+    @model_validator(mode="after")
+    def _check_processing_guarantee(self) -> "RollartConfig":
+        if self.bus.processing_guarantee == "exactly_once" and self.kafka.broker == "tansu":
+            raise ValueError(TANSU_HAS_NO_TRANSACTIONS)
+        return self
 
     @model_validator(mode="after")
     def _check_kafka_users(self) -> "RollartConfig":

@@ -13,7 +13,8 @@ from typing import Any, AsyncIterator, Sequence
 from redis.asyncio import Redis
 
 from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler, StopRequest
-from rollart.config import RollartConfig
+from rollart.bus.transaction import exactly_once, transactional_id
+from rollart.config import TANSU_HAS_NO_TRANSACTIONS, ConfigError, RollartConfig
 from rollart.endpoints import Endpoints, resolve_endpoints
 from rollart.health import HEALTH
 from rollart.metrics import serve_metrics
@@ -33,16 +34,22 @@ class Runtime:
                             ttl_s=self.config.bus.dedup_ttl_s)
 
     def consumer_loop(self, group: str, topics: Sequence[str], handler: Handler, *, dedup: bool = True,
-                      **kwargs: Any) -> ConsumerLoop:
+                      transactional: bool = False, **kwargs: Any) -> ConsumerLoop:
+        """``transactional``: a hop that is exactly-once under ``bus.processing_guarantee:
+        exactly_once`` (its outputs and input offsets in one transaction); at-least-once otherwise."""
         return ConsumerLoop(config=self.config, endpoints=self.endpoints, group=group, topics=topics,
                             handler=handler, producer=self.producer,
-                            dedup=self.deduplicator(group) if dedup else None, **kwargs)
+                            dedup=self.deduplicator(group) if dedup else None,
+                            transactional_id=transactional_id(self.config, group) if transactional else None,
+                            **kwargs)
 
 
 @contextlib.asynccontextmanager
 async def open_runtime(config: RollartConfig, *, client_id: str | None = None,
                        serve: bool = True) -> AsyncIterator[Runtime]:
     endpoints = resolve_endpoints(config)
+    if exactly_once(config) and endpoints.broker == "tansu":
+        raise ConfigError(TANSU_HAS_NO_TRANSACTIONS)
     redis = connect_redis(endpoints)
     producer = BusProducer(config, endpoints, client_id=client_id)
     try:

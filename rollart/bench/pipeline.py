@@ -108,12 +108,26 @@ async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories:
     rows = []
     for mode, results in runs.items():
         rates = sorted(tokens / seconds for seconds, tokens in results)
-        rows.append({"mode": mode, "tokens_per_s": rates[len(rates) // 2],
-                     "seconds": sorted(s for s, _ in results)[len(results) // 2],
-                     "tokens": results[0][1], "runs_tokens_per_s": rates})
+        seconds = sorted(s for s, _ in results)[len(results) // 2]
+        rows.append({"mode": mode, "tokens_per_s": rates[len(rates) // 2], "seconds": seconds,
+                     "trajectories_per_s": trajectories / seconds, "tokens": results[0][1], "runs_tokens_per_s": rates})
     efficiency = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     rows.append({"mode": "bus overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000})
     return {"benchmark": "pipeline-efficiency", "efficiency": efficiency,
+            "processing_guarantee": config.bus.processing_guarantee,
             "turn_overhead_p50_s": p50, "turn_overhead_p99_s": p99,
             "setup": {"trajectories_in_flight": trajectories, "turns": turns, "max_tokens": max_tokens,
                       "repeats": repeats}, "rows": rows}
+
+
+GUARANTEES = ("at_least_once", "exactly_once")
+
+
+async def bench_pipeline_guarantees(config: RollartConfig, work_dir: Path, **kwargs: Any) -> dict[str, Any]:
+    """The pipeline under each processing guarantee, one after the other on the same broker: what
+    exactly-once (transactions on the env and reward hops, read_committed everywhere) costs."""
+    results = {}
+    for guarantee in GUARANTEES:
+        variant = config.model_copy(update={"bus": config.bus.model_copy(update={"processing_guarantee": guarantee})})
+        results[guarantee] = await bench_pipeline(variant, work_dir / guarantee, **kwargs)
+    return {**results["at_least_once"], "guarantees": results}

@@ -28,13 +28,15 @@ class BenchSession:
         """A job config for one run on this session's stack and engine."""
         data: dict[str, Any] = {
             "job": f"{job}-{uuid.uuid4().hex[:6]}", "pools": [BENCH_POOL],
-            "kafka": {"bootstrap": self.endpoints.kafka_bootstrap}, "redis": {"url": self.endpoints.redis_url},
+            "kafka": {"bootstrap": self.endpoints.kafka_bootstrap, "broker": self.endpoints.broker},
+            "redis": {"url": self.endpoints.redis_url},
             "model": {"path": str(self.model_path), "init_tiny": False},
             "generation": {"max_concurrency": 512, "max_model_len": 2048, "fetch_max_wait_ms": 5},
             "feeder": {"alpha": None},
             "env": {"max_groups": 256, "generation_timeout_s": 600, "step_timeout_s": 600,
                     "sampling": {"temperature": 1.0, "max_tokens": 2}},
-            "bus": {"fetch_max_wait_ms": 5, "max_in_flight": 4096, "commit_interval_s": 0.2},
+            "bus": {"fetch_max_wait_ms": 5, "max_in_flight": 4096, "commit_interval_s": 0.2,
+                    "processing_guarantee": self.base.bus.processing_guarantee},
         }
         for key, value in sections.items():
             data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value

@@ -35,6 +35,7 @@ from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DeadLetterQueue, DeadLetterRateExceeded
 from rollart.bus.offsets import OffsetTracker
 from rollart.bus.producer import AUTHORIZATION_ERRORS, BusProducer, NotAuthorized, client_principal
+from rollart.bus.transaction import Transaction, isolation_level
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages import Envelope, MessageDecodeError
@@ -73,12 +74,18 @@ class MessageContext:
     producer: BusProducer
     acks: list[asyncio.Future] = field(default_factory=list)
     written: list[str] = field(default_factory=list)  # physical topics of ``acks``
+    # Under a transaction the outputs wait here until the handler returned; the loop then sends them
+    # in the transaction that also commits this input's offset (a failed attempt sends nothing).
+    deferred: list[tuple[str, Any, dict[str, Any]]] | None = None
 
     async def produce(self, topic: str, message: Any, *, key: str | bytes | None = None,
                       partition: int | None = None, policy_version: int | None = None) -> None:
         """Produce an output; the loop waits for its ack before the input counts as done."""
-        self.acks.append(await self.producer.send(topic, message, key=key, partition=partition,
-                                                  policy_version=policy_version))
+        options = {"key": key, "partition": partition, "policy_version": policy_version}
+        if self.deferred is not None:
+            self.deferred.append((topic, message, options))
+            return
+        self.acks.append(await self.producer.send(topic, message, **options))
         self.written.append(self.producer.names.physical(topic))
 
 
@@ -115,11 +122,16 @@ class ConsumerLoop:
         on_revoke: PartitionsCallback | None = None,
         client_id: str | None = None,
         drain_timeout_s: float | None = None,
+        transactional_id: str | None = None,
     ):
         self.config = config
         self.group = group
         self.handler = handler
         self.producer = producer
+        # exactly-once: outputs and input offsets commit in one transaction of this producer
+        self.transaction = Transaction(BusProducer(config, endpoints, transactional_id=transactional_id,
+                                                   client_id=f"{config.kafka.client_id}-{group}-txn"),
+                                       f"{config.job}.{group}") if transactional_id else None
         self.dedup = dedup
         self.ordering = ordering
         self.max_in_flight = max_in_flight or config.bus.max_in_flight
@@ -141,6 +153,7 @@ class ConsumerLoop:
             heartbeat_interval_ms=config.bus.heartbeat_interval_ms,
             max_partition_fetch_bytes=config.bus.max_value_bytes,
             fetch_max_bytes=max(config.bus.max_value_bytes, 52428800),
+            isolation_level=isolation_level(config),
             **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
         )
         self._tracker = OffsetTracker()
@@ -193,6 +206,8 @@ class ConsumerLoop:
             self._started.set()
             await self._consumer.stop()
             return
+        if self.transaction is not None:
+            await self.transaction.open()
         self._consumer.subscribe(list(self._physical), listener=_Rebalance(self))
         await self._consumer.start()
         self._started.set()
@@ -273,7 +288,7 @@ class ConsumerLoop:
         try:
             if predecessor is not None:
                 await asyncio.wait([predecessor])  # order by key; its outcome is its own business
-            await self._process_record(record, topic, labels)
+            outputs = await self._process_record(record, topic, labels)
         except asyncio.CancelledError:
             raise  # not done: stays uncommitted and is redelivered to whoever owns the partition next
         except (DeadLetterRateExceeded, NotAuthorized) as exc:  # stop; the message stays uncommitted
@@ -287,15 +302,20 @@ class ConsumerLoop:
             self.stop()
             return
         HANDLER_LATENCY.labels(*labels).observe(time.perf_counter() - started)
-        self._tracker.done(tp, record.offset)
+        if self.transaction is None:
+            self._tracker.done(tp, record.offset)
+        else:
+            await self.transaction.add(outputs, lambda: self._tracker.done(tp, record.offset))
 
-    async def _process_record(self, record: ConsumerRecord, topic: str, labels: tuple[str, ...]) -> None:
+    async def _process_record(self, record: ConsumerRecord, topic: str,
+                              labels: tuple[str, ...]) -> list[tuple[str, Any, dict[str, Any]]]:
+        """Decode, de-duplicate, handle (or dead-letter); returns the outputs a transaction defers."""
         try:
             envelope = self.codec.decode(record.value, record.headers, accept=self._accept.get(topic))
         except MessageDecodeError as exc:
             MESSAGES_FAILED.labels(*labels, FAILURE_DECODE).inc()
             await self._dead_letter(record, labels, f"decode: {exc}", exc.field)
-            return
+            return []
         message_id = envelope.message_id
         me = asyncio.current_task()
         twin = self._active_ids.get(message_id)
@@ -305,8 +325,8 @@ class ConsumerLoop:
                 await asyncio.wait([twin])
             if self.dedup is not None and await self.dedup.seen(message_id):
                 MESSAGES_DEDUPLICATED.labels(*labels).inc()
-                return
-            error = await self._handle_with_retries(envelope, record, topic, labels)
+                return []
+            error, outputs = await self._handle_with_retries(envelope, record, topic, labels)
             if error is not None:
                 await self._dead_letter(record, labels, error, "")
             if self.dedup is not None:
@@ -316,18 +336,20 @@ class ConsumerLoop:
                 del self._active_ids[message_id]
         if error is None:
             MESSAGES_PROCESSED.labels(*labels).inc()
+        return outputs
 
     async def _handle_with_retries(self, envelope: Envelope, record: ConsumerRecord, topic: str,
-                                   labels: tuple[str, ...]) -> str | None:
-        """Run the handler; returns None on success or the final error text."""
+                                   labels: tuple[str, ...]) -> tuple[str | None, list]:
+        """Run the handler; returns (None, deferred outputs) on success or (the final error text, [])."""
         attempts = self.config.bus.handler_attempts
         for attempt in range(1, attempts + 1):
-            ctx = MessageContext(record=record, topic=topic, producer=self.producer)
+            ctx = MessageContext(record=record, topic=topic, producer=self.producer,
+                                 deferred=[] if self.transaction is not None else None)
             try:
                 await self.handler(envelope, ctx)
                 if ctx.acks:
                     await asyncio.gather(*ctx.acks)
-                return None
+                return None, ctx.deferred or []
             except (asyncio.CancelledError, NotAuthorized):
                 raise
             except AUTHORIZATION_ERRORS as exc:  # an ack refused by the broker's ACLs
@@ -337,9 +359,9 @@ class ConsumerLoop:
                 error = f"handler: {type(exc).__name__}: {exc}"
                 if isinstance(exc, PermanentError) or attempt == attempts:
                     log.warning("%s failed on %s (attempt %d): %s", self.group, envelope.message_id, attempt, error)
-                    return error
+                    return error, []
                 await asyncio.sleep(self.config.bus.retry_backoff_s * 2 ** (attempt - 1))
-        return "unreachable"  # pragma: no cover
+        return "unreachable", []  # pragma: no cover
 
     async def _dead_letter(self, record: ConsumerRecord, labels: tuple[str, ...], error: str, field: str) -> None:
         await self.dlq.send(record, error, field)
@@ -348,6 +370,9 @@ class ConsumerLoop:
     # -- commits, rebalances, shutdown -----------------------------------------------------------
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        if self.transaction is not None:
+            await self._commit_transaction()
+            return
         offsets = self._tracker.to_commit(only)
         if not offsets:
             return
@@ -361,6 +386,23 @@ class ConsumerLoop:
             return
         self._tracker.committed(offsets)
         self._export_lag(offsets)
+
+    async def _commit_transaction(self) -> None:
+        """Every done input's offset with the outputs sent for it, all or nothing (every partition:
+        outputs of the others are in the same transaction). A failed commit is fatal: the loop stops
+        uncommitted, and the restarted member redoes the inputs whose transaction was aborted."""
+        try:
+            offsets = await self.transaction.commit(self._tracker.to_commit)
+        except KafkaError as exc:
+            log.error("%s: transaction commit failed (%s); stopping, its inputs will be redone", self.group, exc)
+            self._fatal = exc
+            self.stop()
+            return
+        if offsets:
+            self._tracker.committed(offsets)
+            self._export_lag(offsets)
+        if self.dedup is not None:
+            await self.dedup.flush()  # after the commit: a mark must never hide an aborted input's redo
 
     def _export_lag(self, offsets: dict[TopicPartition, int]) -> None:
         for tp, committed in offsets.items():
@@ -412,6 +454,8 @@ class ConsumerLoop:
             log.exception("%s: final commit failed", self.group)
         finally:
             await self._consumer.stop()
+            if self.transaction is not None:
+                await self.transaction.close()
             PAUSED.labels(*self._labels).set(0)
             IN_FLIGHT.labels(*self._labels).set(0)
 

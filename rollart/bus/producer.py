@@ -49,14 +49,17 @@ class BusProducer:
     """
 
     def __init__(self, config: RollartConfig, endpoints: Endpoints, *, codec: Codec = DEFAULT_CODEC,
-                 client_id: str | None = None):
+                 client_id: str | None = None, transactional_id: str | None = None):
         self.config = config
         self.codec = codec
         self.names = TopicNames(config.job)
+        self.transactional_id = transactional_id
         self._producer = AIOKafkaProducer(
             client_id=client_id or f"{config.kafka.client_id}-producer",
             acks="all",
-            enable_idempotence=config.bus.idempotent_producer and endpoints.broker == "kafka",
+            enable_idempotence=bool(transactional_id) or (config.bus.idempotent_producer
+                                                          and endpoints.broker == "kafka"),
+            transactional_id=transactional_id,
             linger_ms=config.bus.linger_ms,
             max_request_size=config.kafka.max_request_bytes,
             **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
@@ -79,6 +82,21 @@ class BusProducer:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
+
+    # -- transactions (a producer made with a transactional_id) ----------------------------------
+
+    async def begin_transaction(self) -> None:
+        await self._producer.begin_transaction()
+
+    async def commit_transaction(self, offsets: dict, group_id: str) -> None:
+        """Commit what was sent since :meth:`begin_transaction` together with the consumer
+        ``offsets`` of ``group_id`` (all or nothing)."""
+        if offsets:
+            await self._producer.send_offsets_to_transaction(offsets, group_id)
+        await self._producer.commit_transaction()
+
+    async def abort_transaction(self) -> None:
+        await self._producer.abort_transaction()
 
     async def send(self, topic: str, message: Any, *, key: str | bytes | None = None, partition: int | None = None,
                    policy_version: int | None = None) -> "asyncio.Future[RecordMetadata]":

@@ -18,6 +18,7 @@ from typing import AsyncIterator
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from rollart.bus.transaction import isolation_level
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 
@@ -43,6 +44,7 @@ async def read_to_end(config: RollartConfig, endpoints: Endpoints, physical_topi
         auto_offset_reset="earliest",
         fetch_max_wait_ms=fetch_max_wait_ms,
         client_id=f"{config.kafka.client_id}-reader",
+        isolation_level=isolation_level(config),
         **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
     )
     await asyncio.wait_for(consumer.start(), timeout_s)

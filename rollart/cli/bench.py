@@ -85,15 +85,20 @@ def register(bench_app: typer.Typer) -> None:
                      max_tokens: int = 8, repeats: int = 3,
                      broker: Annotated[Optional[str], typer.Option(
                          help="kafka | tansu | both: on a throw-away local stack of that broker (both: one after "
-                              "the other). Default: the configured stack, else a local one.")] = None) -> None:
+                              "the other). Default: the configured stack, else a local one.")] = None,
+                     guarantees: Annotated[bool, typer.Option(
+                         "--guarantees", help="at_least_once then exactly_once, side by side (Apache Kafka)")] = False,
+                     ) -> None:
         """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn bus overhead p50/p99."""
         from rollart.bench.brokers import per_broker
-        from rollart.bench.pipeline import bench_pipeline
+        from rollart.bench.pipeline import bench_pipeline, bench_pipeline_guarantees
+
+        bench = bench_pipeline_guarantees if guarantees else bench_pipeline
 
         async def measure(config, work, **kwargs):
             if broker is None:
-                return await bench_pipeline(config, work, **kwargs)
-            return await per_broker(broker, lambda kind: bench_pipeline(config, work / kind, **kwargs))
+                return await bench(config, work, **kwargs)
+            return await per_broker(broker, lambda kind: bench(config, work / kind, **kwargs))
 
         result = run_benchmark(config, out, measure, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
                                f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s)",
@@ -103,6 +108,9 @@ def register(bench_app: typer.Typer) -> None:
             if kind != result["broker"]:  # the first broker's figures are the ones printed above
                 print_result(figures, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
                              f"{kind}: pipeline over raw engine (tokens/s)")
+        for guarantee, figures in (result.get("guarantees") or {}).items():
+            print_result(figures, ["mode", "tokens_per_s", "trajectories_per_s", "seconds", "p50_ms", "p99_ms"],
+                         f"{guarantee}: pipeline over raw engine")
 
     @bench_app.command("scale")
     def scale_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 1000, turns: int = 4,

@@ -88,7 +88,8 @@ def stage_volumes(r: "Renderer", component: Component) -> tuple[list[dict], list
 def stage_env(r: "Renderer") -> list[dict]:
     return [{"name": "ROLLART_HOME", "value": WORK_DIR}, {"name": "HOME", "value": WORK_DIR},
             {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"},
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "ROLLART_MEMBER", "value": "$(POD_NAME)"}]  # the transactional id's member part
 
 
 def kafka_user_env(r: "Renderer", component: Component) -> list[dict]:

@@ -87,6 +87,7 @@ class StageProcesses:
         argv = [sys.executable, "-m", "rollart.cli", "consume", stage, "--config", str(self.config_path), *args]
         process = StageProcess(name, argv, self.log_dir / f"{name}.log")
         env = self.env()
+        env["ROLLART_MEMBER"] = name  # stable across restarts: a restarted member fences its predecessor
         pool = args[args.index("--pool") + 1] if "--pool" in args else None
         env.update(self.stage_env.get((stage, pool), {}))
         cpus = self.cpu_affinity.get(stage)

@@ -289,5 +289,6 @@ def env_loops(rt: Runtime, manager: EnvManager):
     config = rt.config
     actions = manager.replies.consumer_loop("env-actions")
     tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
-                             max_in_flight=config.env.max_groups, drain_timeout_s=config.env.shutdown_grace_s)
+                             max_in_flight=config.env.max_groups, drain_timeout_s=config.env.shutdown_grace_s,
+                             transactional=True)  # a group's completions commit with its task
     return tasks, actions

@@ -139,7 +139,7 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
     config = rt.config
     in_flight = sum(max(s.reward.concurrency, 1) for s in config.tags.values()) or 16
     scoring = rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
-                               max_in_flight=in_flight)
+                               max_in_flight=in_flight, transactional=True)
     return scoring, bridge.judge.consumer_loop("reward-judge") if bridge.judge is not None else None
 
 

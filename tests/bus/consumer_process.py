@@ -6,9 +6,12 @@ and prints "handled <n>". With a long commit interval it never commits (crash te
 SIGTERM drains in-flight handlers, commits and exits 0. With ``startup_s`` it first starts up like a
 generation member loading its engine: a blocking part (vLLM's construction) then an async part (its
 warm-up), each ``startup_s`` long; SIGTERM then must end it cleanly too, without joining the group.
+With $OUTPUT_TOPIC set, each handled message is also produced there (the copy keyed by its id), in
+the loop's transaction when ROLLART_BUS_PROCESSING_GUARANTEE=exactly_once.
 """
 
 import asyncio
+import os
 import sys
 import time
 
@@ -30,16 +33,19 @@ async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str,
                                    "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}})
     async with open_runtime(config, serve=False) as rt:
         handled = 0
+        output_topic = os.environ.get("OUTPUT_TOPIC")
 
         async def handle(envelope, ctx) -> None:
             nonlocal handled
             print(f"started {envelope.message_id}", flush=True)
             await asyncio.sleep(float(handler_delay_s))
             await rt.redis.rpush(effect_key, envelope.message_id)
+            if output_topic:
+                await ctx.produce(output_topic, envelope.message, key=envelope.message_id)
             handled += 1
             print(f"handled {handled}", flush=True)
 
-        loop = rt.consumer_loop(group, [topic], handle)
+        loop = rt.consumer_loop(group, [topic], handle, transactional=bool(output_topic))
         stop.on_request(loop.stop)
         await loop.run()
     print("exited cleanly", flush=True)

@@ -23,7 +23,8 @@ async def spawn_consumer(runtime, effect_key: str, *, commit_interval_s: float, 
     return await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).with_name("consumer_process.py")), runtime.endpoints.kafka_bootstrap,
         runtime.endpoints.redis_url, runtime.config.job, "env", "tasks", effect_key, str(commit_interval_s),
-        str(handler_delay_s), str(startup_s), stdout=asyncio.subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        str(handler_delay_s), str(startup_s), stdout=asyncio.subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "ROLLART_KAFKA_BROKER": runtime.endpoints.broker})
 
 
 async def read_until(proc, text: str, timeout: float = 60.0) -> list[str]:
