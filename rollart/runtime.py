@@ -36,12 +36,14 @@ class Runtime:
     def consumer_loop(self, group: str, topics: Sequence[str], handler: Handler, *, dedup: bool = True,
                       transactional: bool = False, **kwargs: Any) -> ConsumerLoop:
         """``transactional``: a hop that is exactly-once under ``bus.processing_guarantee:
-        exactly_once`` (its outputs and input offsets in one transaction); at-least-once otherwise."""
+        exactly_once`` (its outputs and input offsets in one transaction); at-least-once otherwise.
+        A transactional loop keeps no Redis marks: the transaction is its de-duplication, and a mark
+        could outlive the aborted transaction it belonged to and hide the input's redo."""
+        txn_id = transactional_id(self.config, group) if transactional else None
         return ConsumerLoop(config=self.config, endpoints=self.endpoints, group=group, topics=topics,
                             handler=handler, producer=self.producer,
-                            dedup=self.deduplicator(group) if dedup else None,
-                            transactional_id=transactional_id(self.config, group) if transactional else None,
-                            **kwargs)
+                            dedup=self.deduplicator(group) if dedup and txn_id is None else None,
+                            transactional_id=txn_id, **kwargs)
 
 
 @contextlib.asynccontextmanager

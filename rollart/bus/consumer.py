@@ -128,6 +128,9 @@ class ConsumerLoop:
         self.group = group
         self.handler = handler
         self.producer = producer
+        if transactional_id and dedup is not None:
+            raise ValueError(f"{group}: a transactional loop de-duplicates by its transaction, not Redis marks "
+                             "(a mark could outlive the aborted transaction it belonged to)")
         # exactly-once: outputs and input offsets commit in one transaction of this producer
         self.transaction = Transaction(BusProducer(config, endpoints, transactional_id=transactional_id,
                                                    client_id=f"{config.kafka.client_id}-{group}-txn"),
@@ -401,8 +404,6 @@ class ConsumerLoop:
         if offsets:
             self._tracker.committed(offsets)
             self._export_lag(offsets)
-        if self.dedup is not None:
-            await self.dedup.flush()  # after the commit: a mark must never hide an aborted input's redo
 
     def _export_lag(self, offsets: dict[TopicPartition, int]) -> None:
         for tp, committed in offsets.items():

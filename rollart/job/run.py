@@ -63,7 +63,9 @@ class RunOptions:
     out: Path
     resume: bool = False
     timeout_s: float = 3600.0
-    duration_s: float | None = None  # stop after this long, however many steps (a soak); None: run the steps
+    # Stop this long after the first trained step, however many steps (a soak holds a steady stream:
+    # start-up, slow on a loaded machine, does not eat into it); None: run the steps.
+    duration_s: float | None = None
     env_members: int = 1
     gen_members: int = 1
     max_restarts: int = 5
@@ -145,9 +147,8 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
         loop = rt.consumer_loop("run-monitor", ["trajectories.completed"], monitor.handle, ordering="none",
                                 dedup=False)
         runner = asyncio.create_task(loop.run())
-        started = time.monotonic()
-        deadline = started + opts.timeout_s
-        shown = 0
+        deadline = time.monotonic() + opts.timeout_s
+        shown, streaming_since = 0, None
         try:
             while True:
                 rows = [r for r in checkpoints.read_record() if "event" not in r]
@@ -158,7 +159,10 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
                 trainer = procs.stages["trainer"]
                 if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
                     return
-                if opts.duration_s is not None and time.monotonic() - started > opts.duration_s:
+                if shown and streaming_since is None:
+                    streaming_since = time.monotonic()
+                if opts.duration_s is not None and streaming_since is not None \
+                        and time.monotonic() - streaming_since > opts.duration_s:
                     return
                 supervise(procs, restarts, opts)
                 _write_pids(procs, opts.out / "pids.json")

@@ -240,7 +240,8 @@ class TrainerStage:
     def _dropped(self) -> dict[str, int]:
         st = self.buffer.stats
         return {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,
-                "incomplete_groups": st.evicted_full_groups, "uninformative_groups": st.uninformative_groups}
+                "incomplete_groups": st.evicted_full_groups, "uninformative_groups": st.uninformative_groups,
+                "late_members": st.late_members}
 
     async def checkpoint(self) -> None:
         self.state.trained_ids = [i for ids in self.recent for i in ids]

@@ -36,6 +36,7 @@ class BufferStats:
     evicted_stale_groups: int = 0
     evicted_full_groups: int = 0  # incomplete groups dropped to make room
     uninformative_groups: int = 0  # dynamic sampling: all rewards equal
+    late_members: int = 0  # arrived after their group was dropped (stale or incomplete): dropped too
     batches: int = 0
 
 
@@ -49,6 +50,9 @@ class SampleBuffer:
         self.capacity = capacity or (alpha + 2) * groups_per_batch
         self.groups: OrderedDict[str, Group] = OrderedDict()
         self.trained: set[str] = set()
+        # Groups dropped stale or incomplete: a member arriving later is dropped with them, not made a
+        # new group that is dropped (and its admission place given back) a second time.
+        self.dropped: set[str] = set()
         self.stats = BufferStats()
 
     def __len__(self) -> int:
@@ -64,6 +68,9 @@ class SampleBuffer:
         if traj.traj_id in self.trained or (group is not None and traj.traj_id in group.members):
             self.stats.duplicates += 1
             return False
+        if traj.group_id in self.dropped:
+            self.stats.late_members += 1
+            return False
         if group is None:
             group = self.groups[traj.group_id] = Group(traj.group_id)
         if len(group.members) >= self.group_size:
@@ -77,6 +84,7 @@ class SampleBuffer:
         stale = [g for g in self.groups.values() if g.members and current_version - g.start_version > self.alpha]
         for group in stale:
             del self.groups[group.group_id]
+            self.dropped.add(group.group_id)
         self.stats.evicted_stale_groups += len(stale)
         return stale
 
@@ -86,6 +94,7 @@ class SampleBuffer:
         for group in self.groups.values():
             if len(group.members) < self.group_size:
                 del self.groups[group.group_id]
+                self.dropped.add(group.group_id)
                 self.stats.evicted_full_groups += 1
                 return group
         return None

@@ -95,3 +95,21 @@ async def test_the_same_crash_under_at_least_once_leaves_duplicates_on_the_log(r
 def test_exactly_once_on_tansu_fails_at_start_up_naming_the_field():
     with pytest.raises(ConfigError, match="bus.processing_guarantee"):
         build_config({"kafka": {"broker": "tansu"}, "bus": {"processing_guarantee": "exactly_once"}})
+
+
+@KAFKA_ONLY
+@pytest.mark.parametrize("config", ["exactly_once"], indirect=True)
+async def test_a_transactional_loop_keeps_no_redis_marks(runtime):
+    """Regression (the first exactly-once chaos campaign lost 169 groups): marks flushed after a commit
+    included inputs done in the next transaction; that one was aborted by a kill, and the successor
+    skipped the redelivered inputs as seen. The transaction alone de-duplicates."""
+    async def handle(envelope, ctx) -> None:
+        pass
+
+    assert runtime.consumer_loop("env", ["tasks"], handle, transactional=True).dedup is None
+    assert runtime.consumer_loop("env-actions", ["env.actions"], handle).dedup is not None  # not a transactional hop
+    from rollart.bus import ConsumerLoop
+
+    with pytest.raises(ValueError, match="transactional loop"):
+        ConsumerLoop(config=runtime.config, endpoints=runtime.endpoints, group="env", topics=["tasks"], handler=handle,
+                     producer=runtime.producer, dedup=runtime.deduplicator("env"), transactional_id="t.env.m")

@@ -62,3 +62,14 @@ def test_a_full_buffer_of_incomplete_groups_makes_room():
     assert buf.full() and buf.take_batch(0) is None
     assert buf.evict_oldest_incomplete().group_id == "a" and buf.stats.evicted_full_groups == 1
     assert not buf.full()
+
+
+def test_a_late_member_of_a_dropped_group_is_dropped_with_it_not_evicted_again():
+    """Regression (a loaded CI machine): members of a stale group arriving one by one made the group
+    anew after its eviction, and it was evicted (its admission place given back) a second time."""
+    buf = SampleBuffer(group_size=2, groups_per_batch=1, alpha=1)
+    assert buf.add(scored("old", 0, 0))
+    assert [g.group_id for g in buf.evict_stale(current_version=2)] == ["old"]
+    assert not buf.add(scored("old", 1, 0)), "the second member, after its group was evicted"
+    assert buf.evict_stale(current_version=2) == [] and len(buf) == 0
+    assert (buf.stats.evicted_stale_groups, buf.stats.late_members) == (1, 1)
