@@ -396,7 +396,7 @@ class ConsumerLoop:
         uncommitted, and the restarted member redoes the inputs whose transaction was aborted."""
         try:
             offsets = await self.transaction.commit(self._tracker.to_commit)
-        except KafkaError as exc:
+        except Exception as exc:  # noqa: BLE001 - a record or the commit failed: never commit around it
             log.error("%s: transaction commit failed (%s); stopping, its inputs will be redone", self.group, exc)
             self._fatal = exc
             self.stop()

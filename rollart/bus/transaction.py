@@ -53,7 +53,7 @@ class Transaction:
         self.producer = producer
         self.group_id = group_id
         self._lock = asyncio.Lock()
-        self._sent = False  # anything in the open transaction
+        self._acks: list[asyncio.Future] = []  # the open transaction's records
 
     async def open(self) -> None:
         await self.producer.start()  # InitProducerId: fences an older producer with the same id
@@ -64,8 +64,7 @@ class Transaction:
         commit in between."""
         async with self._lock:
             for topic, message, options in outputs:
-                await self.producer.send(topic, message, **options)
-                self._sent = True
+                self._acks.append(await self.producer.send(topic, message, **options))
             mark_done()
 
     async def commit(self, to_commit: Callable[[], dict[TopicPartition, int]]) -> dict[TopicPartition, int]:
@@ -73,10 +72,15 @@ class Transaction:
         them. Nothing is committed when nothing was sent and no offset moved."""
         async with self._lock:
             offsets = to_commit()
-            if not offsets and not self._sent:
+            if not offsets and not self._acks:
                 return {}
+            # Every record must be acknowledged first: a batch the producer gave up on (a broker down
+            # past its delivery timeout) would otherwise leave its inputs' offsets committed without it.
+            for outcome in await asyncio.gather(*self._acks, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
             await self.producer.commit_transaction(offsets, self.group_id)
-            self._sent = False
+            self._acks = []
             await self.producer.begin_transaction()
             return offsets
 

@@ -36,13 +36,17 @@ end
 return 0
 """
 
+# n is 0 when nothing is counted running (the counters were rebuilt after a Redis flush while groups
+# ran): then nothing moves. Lua writes -0 as "-0", which HINCRBY refuses ("not an integer"), so the
+# increments are skipped rather than made with 0.
 _FINISH = """
 local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
 local n = math.min(tonumber(ARGV[1]), running)
+if n <= 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'running', -n)
 if ARGV[2] == '1' then
   redis.call('HINCRBY', KEYS[1], 'accepted', n)
-  if n > 0 and ARGV[3] ~= '' then redis.call('SADD', KEYS[2], ARGV[3]) end
+  if ARGV[3] ~= '' then redis.call('SADD', KEYS[2], ARGV[3]) end
 else
   redis.call('HINCRBY', KEYS[1], 'dropped', n)
 end

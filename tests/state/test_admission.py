@@ -64,3 +64,15 @@ async def test_a_group_the_trainer_drops_gives_its_place_back_once(runtime):
     # the freed place is admissible again under the same version
     assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3, groups=2)
     assert not await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
+
+
+async def test_a_group_finishing_after_a_rebuild_with_nothing_running_moves_nothing(runtime):
+    """Regression (the exactly-once chaos campaign): after a Redis flush the feeder rebuilds the counters
+    with nothing running; a group that was running then finished and the script's HINCRBY by -0 failed
+    ("not an integer"), failing the env handler three times, so the group's task was dead-lettered."""
+    counters = _counters(runtime)
+    await counters.rebuild(accepted=3, running=0)
+    assert await counters.finish(groups=1, accepted=True, group_id="g-late") == 0
+    assert await counters.finish(groups=1, accepted=False) == 0
+    snap = await counters.snapshot()
+    assert (snap.accepted, snap.running, snap.dropped) == (3, 0, 0)
