@@ -21,10 +21,10 @@ class Endpoints:
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
     broker: Literal["kafka", "tansu"] = "kafka"  # what serves kafka_bootstrap (see KafkaConfig.broker)
-    # A secured local Kafka (rollart.local.security folder): clients log in with its settings.
-    kafka_security: str | None = None
     # Redis auth/TLS from config (redis-py connection keywords); not printed, it holds the password.
     redis_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # A secured local Kafka (rollart.local.security folder): clients log in with its settings.
+    kafka_security: str | None = None
 
 
 def resolve_endpoints(config: RollartConfig) -> Endpoints:

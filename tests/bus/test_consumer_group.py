@@ -30,9 +30,10 @@ async def test_group_members_share_and_take_over_partitions(runtime, loops):
 
     a = await loops.start(runtime.consumer_loop("env", ["tasks"], handler_for("a")))
     b = await loops.start(runtime.consumer_loop("env", ["tasks"], handler_for("b")), wait_assigned=False)
-    await eventually(lambda: a.assignment and b.assignment and len(a.assignment | b.assignment) == 8,
-                     what="both members assigned")
-    assert not (a.assignment & b.assignment), "a partition is owned by two members"
+    # The rebalance settles into disjoint halves (mid-rebalance, a member's view of what it holds may
+    # still include what it is about to give up): never a partition owned by both once settled.
+    await eventually(lambda: a.assignment and b.assignment and len(a.assignment | b.assignment) == 8
+                     and not (a.assignment & b.assignment), what="both members assigned, disjointly")
 
     await _produce(runtime, 80)
     await eventually(lambda: sum(handled["a"].values()) + sum(handled["b"].values()) >= 80, what="80 handled")
