@@ -95,9 +95,6 @@ class BusProducer:
             await self._producer.send_offsets_to_transaction(offsets, group_id)
         await self._producer.commit_transaction()
 
-    async def abort_transaction(self) -> None:
-        await self._producer.abort_transaction()
-
     async def send(self, topic: str, message: Any, *, key: str | bytes | None = None, partition: int | None = None,
                    policy_version: int | None = None) -> "asyncio.Future[RecordMetadata]":
         """Queue ``message`` on the logical ``topic``; the returned future resolves on broker ack."""

@@ -33,10 +33,6 @@ class StopRequest:
             loop.add_signal_handler(sig, request.request)
         return request
 
-    @property
-    def requested(self) -> bool:
-        return self._event.is_set()
-
     def request(self) -> None:
         """Ask everything subscribed to stop (idempotent; safe from a signal handler)."""
         if self._event.is_set():
@@ -50,9 +46,6 @@ class StopRequest:
         self._callbacks.append(callback)
         if self._event.is_set():
             callback()
-
-    async def wait(self) -> None:
-        await self._event.wait()
 
     async def unless_requested(self, work: Awaitable[T]) -> T | None:
         """Await ``work`` unless a stop is requested first: then cancel it and return None (start-up
