@@ -195,6 +195,11 @@ class ConsumerLoop:
     def consumer(self) -> AIOKafkaConsumer:
         return self._consumer
 
+    @property
+    def in_flight(self) -> int:
+        """Records dispatched and not finished (at ``max_in_flight`` the loop pauses)."""
+        return len(self._tasks)
+
     async def wait_started(self) -> None:
         await self._started.wait()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rollart.bus import MessageContext, StopRequest
+from rollart.bus import ConsumerLoop, MessageContext, StopRequest
 from rollart.config import ConfigError, RollartConfig
 from rollart.messages import Envelope, ScoredTrajectory
 from rollart.runtime import Runtime, open_runtime
@@ -51,6 +51,7 @@ PUBLISH_SECONDS = Histogram("rollart_trainer_weight_publish_seconds", "Writing o
                             ("job", "transport"), buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
 
 DROP_REASONS = ("duplicate_or_overflow", "stale", "uninformative", "incomplete_group")
+STARVING_LOG_S = 15.0  # how often a trainer with no batch says what its buffer holds
 RECENT_STEPS_KEPT = 64  # steps whose trained ids the checkpoint keeps (redelivery happens within seconds)
 
 
@@ -74,6 +75,8 @@ class TrainerStage:
         self.config = rt.config
         self._starving_since: float | None = None  # waiting for a batch since (Unix time)
         self._starving_marked = 0.0
+        self._starving_logged = 0.0
+        self.consumer: ConsumerLoop | None = None  # the loop feeding handle(), for its in-flight count
         cfg = self.config
         self.backend = backend
         self.checkpoints = checkpoints
@@ -126,6 +129,25 @@ class TrainerStage:
                     future.set_result(None)
         BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
 
+    async def forget_revoked(self, revoked) -> None:
+        """A rebalance took partitions: their handlers were cancelled, so their samples are no longer
+        in flight and will be redelivered (to us or the new owner). Take them out of the buffer;
+        kept, the redelivered copy would be dropped as a duplicate and committed, and a crash before
+        the sample trains would lose it."""
+        gone = {f"{tp.topic}:{tp.partition}" for tp in revoked}
+        for traj_id, (_, where, _) in list(self.waiting.items()):
+            if where in gone:
+                del self.waiting[traj_id]
+                self.buffer.forget(traj_id)
+        BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
+
+    def _consumer_full(self) -> bool:
+        """No more samples can arrive: every slot of the consumer loop is taken (by buffered samples,
+        or by redelivered copies waiting for the twin the buffer holds)."""
+        if len(self.waiting) >= self.max_in_flight:
+            return True
+        return self.consumer is not None and self.consumer.in_flight >= self.consumer.max_in_flight
+
     async def _drop(self, groups: list[Group], reason: str) -> None:
         """Settle groups that will not be trained, and give their admission places back."""
         if groups:
@@ -142,7 +164,7 @@ class TrainerStage:
             if batch is not None:
                 self._starving_since = None
                 return batch
-            if len(self.waiting) >= self.max_in_flight:
+            if self._consumer_full():
                 group = self.buffer.evict_oldest_incomplete()
                 if group is not None:
                     await self._drop([group], "incomplete_group")
@@ -158,6 +180,13 @@ class TrainerStage:
         now = time.time()
         if self._starving_since is None:
             self._starving_since = now
+        if now - self._starving_since >= STARVING_LOG_S and now - self._starving_logged >= STARVING_LOG_S:
+            self._starving_logged = now
+            complete = len(self.buffer.complete_groups())
+            log.warning("no batch for %.0fs: %d groups buffered (%d complete, %d needed), %d samples waiting, "
+                        "consumer %s in flight", now - self._starving_since, len(self.buffer), complete,
+                        self.buffer.groups_per_batch, len(self.waiting),
+                        "?" if self.consumer is None else f"{self.consumer.in_flight}/{self.consumer.max_in_flight}")
         if now - self._starving_marked >= 1.0:
             self._starving_marked = now
             await self.rt.redis.set(starving_key(self.config.redis.key_prefix, self.config.job),
@@ -278,8 +307,11 @@ class TrainerStage:
 
 def trainer_loop(rt: Runtime, stage: TrainerStage):
     # Every buffered sample is in flight until settled: max_in_flight is the buffer bound.
-    return rt.consumer_loop("trainer", ["rewards.results"], stage.handle, ordering="none", dedup=False,
-                            max_in_flight=stage.max_in_flight, drain_timeout_s=0.0)
+    loop = rt.consumer_loop("trainer", ["rewards.results"], stage.handle, ordering="none", dedup=False,
+                            max_in_flight=stage.max_in_flight, drain_timeout_s=0.0,
+                            on_revoke=stage.forget_revoked)
+    stage.consumer = loop
+    return loop
 
 
 def build_backend(config: RollartConfig):

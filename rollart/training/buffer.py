@@ -80,6 +80,14 @@ class SampleBuffer:
         self.stats.added += 1
         return True
 
+    def forget(self, traj_id: str) -> None:
+        """Take back a sample that was never settled (its handler was cancelled): it will come again."""
+        for group in self.groups.values():
+            if group.members.pop(traj_id, None) is not None:
+                if not group.members:
+                    del self.groups[group.group_id]
+                return
+
     def evict_stale(self, current_version: int) -> list[Group]:
         stale = [g for g in self.groups.values() if g.members and current_version - g.start_version > self.alpha]
         for group in stale:

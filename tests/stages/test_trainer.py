@@ -156,6 +156,37 @@ async def test_buffer_stays_bounded_when_training_is_slow(trainer, loops):
     await eventually(lambda: len(trainer.steps()) >= 3, what="training resumes once the trainer catches up")
 
 
+@pytest.mark.trainer(trainer={"capacity_groups": 2}, feeder={"alpha": 100})
+async def test_redelivered_copies_filling_the_consumer_do_not_stall_the_trainer(trainer, loops):
+    """Copies of a buffered sample (a reward stage's redo) wait for their twin and hold consumer
+    slots; when they fill all of them no new sample can complete a group. The trainer must see the
+    full consumer, not only its own count, and drop the incomplete group."""
+    job = trainer.config.job
+    await trainer.start(loops)
+    lone = scored(0, 0, reward=0.0, job=job)
+    await trainer.produce([lone] * 4)  # max_in_flight = 4: the sample and three copies fill the loop
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in (1, 2) for m in range(2)])
+    await eventually(lambda: len(trainer.steps()) == 1, what="a step once the stuck group is dropped")
+    assert trainer.stage.buffer.stats.evicted_full_groups == 1
+    assert {i.split("-t")[0] for i in trainer.steps()[0]["traj_ids"]} == {f"{job}-g1", f"{job}-g2"}
+
+
+async def test_a_revoked_partition_takes_its_unsettled_samples_back(trainer, loops):
+    """After a rebalance cancels a handler, its sample is redelivered: the buffer must accept that
+    copy (as the sample), not drop it as a duplicate whose offset then commits untrained."""
+    from aiokafka import TopicPartition
+
+    job = trainer.config.job
+    await trainer.start(loops)
+    await trainer.produce([scored(0, 0, reward=0.0, job=job)])
+    await eventually(lambda: trainer.stage.waiting, what="the sample buffered")
+    (where,) = {w for _, w, _ in trainer.stage.waiting.values()}
+    topic, partition = where.rsplit(":", 1)
+    await trainer.stage.forget_revoked({TopicPartition(topic, int(partition))})
+    assert not trainer.stage.waiting and len(trainer.stage.buffer) == 0
+    assert trainer.stage.buffer.add(scored(0, 0, reward=0.0, job=job)), "the redelivered copy is the sample"
+
+
 async def test_version_comes_back_from_the_log_after_a_redis_flush(trainer, loops, redis):
     job = trainer.config.job
     await trainer.start(loops)
