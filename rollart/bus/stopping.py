@@ -5,6 +5,10 @@ member is still loading its engine as well as while it consumes. The request is 
 process starts, before anything slow, so a signal during start-up is not fatal (Python's default
 action would kill the process, exit -15); whatever starts later (a consumer loop, the trainer's step
 loop) subscribes with :meth:`StopRequest.on_request` and is stopped at once if the request came first.
+
+A start-up step that blocks the event loop for long (vLLM's engine constructor: tens of seconds on a
+loaded CPU) runs inside :func:`interruptible`: there a signal raises :class:`StartupInterrupted` in
+the blocking call itself, so a member told to stop while loading leaves now, not when the load ends.
 """
 
 from __future__ import annotations
@@ -12,11 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StartupInterrupted(BaseException):
+    """A stop was requested while a blocking start-up step ran (see :func:`interruptible`). A
+    BaseException, as KeyboardInterrupt is: the blocking library code must not swallow it."""
+
+
+_installed: "StopRequest | None" = None  # the process's request, once installed
 
 
 class StopRequest:
@@ -27,11 +40,20 @@ class StopRequest:
     @classmethod
     def installed(cls) -> "StopRequest":
         """A request that SIGTERM and SIGINT set (call inside the running event loop)."""
+        global _installed
         request = cls()
+        request._handle_signals()
+        _installed = request
+        return request
+
+    def _handle_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in SIGNALS:
-            loop.add_signal_handler(sig, request.request)
-        return request
+            loop.add_signal_handler(sig, self.request)
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
 
     def request(self) -> None:
         """Ask everything subscribed to stop (idempotent; safe from a signal handler)."""
@@ -61,3 +83,28 @@ class StopRequest:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         return None if task.cancelled() else task.result()
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Run a blocking start-up step (one that holds the event loop) so that SIGTERM or SIGINT raise
+    :class:`StartupInterrupted` inside it, after setting the stop request. Only around synchronous
+    code: an exception raised while the event loop itself runs would break the loop. Without an
+    installed request, or off the main thread, it changes nothing."""
+    request = _installed
+    if request is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if request.requested:
+        raise StartupInterrupted("stop requested before the step began")
+
+    def raise_now(signum, frame):
+        request.request()
+        raise StartupInterrupted(f"{signal.Signals(signum).name} during a blocking start-up step")
+
+    for sig in SIGNALS:
+        signal.signal(sig, raise_now)
+    try:
+        yield
+    finally:
+        request._handle_signals()  # back to the event loop's handlers

@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
         """Kill stages, flush Redis, break envs and rewards, inject bad records; audit every trajectory."""
         from rollart.chaos.run import run_chaos
 
+        if out.is_dir() or out.name == "run":
+            Console(stderr=True).print(f"[red]--out {out}: the result JSON's path, not a directory (the run's files "
+                                       "go beside it, in run/)[/red]")
+            raise typer.Exit(2)
         wanted = {f.strip() for f in faults.split(",") if f.strip()}
         order = [f.strip() for f in schedule.split(",") if f.strip()] if schedule else None
         try:

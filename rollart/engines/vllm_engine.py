@@ -29,16 +29,21 @@ class VLLMEngine:
         self._by_traj: dict[str, set[str]] = {}
 
     async def start(self) -> "VLLMEngine":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from rollart.bus.stopping import interruptible
 
-        args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype, max_model_len=self.config.max_model_len,
-                               enforce_eager=True, seed=self.config.seed,
-                               gpu_memory_utilization=self.config.gpu_memory_utilization,
-                               max_num_seqs=self.config.max_concurrency,
-                               worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
-        self._engine = AsyncLLM.from_engine_args(args)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
+        # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
+        # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
+        with interruptible():
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype,
+                                   max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,
+                                   gpu_memory_utilization=self.config.gpu_memory_utilization,
+                                   max_num_seqs=self.config.max_concurrency,
+                                   worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
+            self._engine = AsyncLLM.from_engine_args(args)
         await self._warm_up()
         return self
 

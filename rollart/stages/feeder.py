@@ -26,7 +26,7 @@ from rollart.bus.stopping import StopRequest
 from rollart.config import RollartConfig
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
-from rollart.state import AdmissionCounters, VersionStore
+from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.state.admission import starving_key
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
@@ -75,6 +75,7 @@ class Feeder:
         self._forced_left, self._last_forced = 0, 0.0
         self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
+        self.pools = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.counter_key = f"{self.config.redis.key_prefix}:{self.config.job}:feeder:released"
         self._stop = asyncio.Event()
 
@@ -120,23 +121,30 @@ class Feeder:
             # opens again as versions advance (conservative: aborted groups are not given back).
             await self.admission.rebuild(accepted=released, running=0)
         ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
-        if not ok and await self._starvation_release():
+        if not ok and await self._starvation_release(version):
             await self.admission.force_admit(1)
             return version
         return version if ok else None
 
-    async def _starvation_release(self) -> bool:
-        """One more group (of a batch) past the bound when the trainer has starved long enough."""
+    async def _starvation_release(self, version: int) -> bool:
+        """One more group (of a batch) past the bound when the trainer has starved long enough.
+
+        The release is for counters that over-count after crashes, not for a loop still starting: it
+        never fires before the first batch was trained (version 0: the bound admits two batches'
+        worth, the wait is the engines loading and the first rollouts), nor while no generation pool
+        has a live member (nothing admitted could be generated; the bound is not what holds it up)."""
         cfg = self.config.feeder
         if self._forced_left > 0:
             self._forced_left -= 1
             return True
-        if cfg.starvation_release_s is None:
+        if cfg.starvation_release_s is None or version == 0:
             return False
         since = await self.rt.redis.get(starving_key(self.config.redis.key_prefix, self.config.job))
         now = time.time()
         if since is None or now - float(since) < cfg.starvation_release_s \
                 or now - self._last_forced < cfg.starvation_release_s:
+            return False
+        if not any((await self.pools.live_pools(self.config.pools)).values()):
             return False
         self._last_forced, self._forced_left = now, cfg.groups_per_batch - 1
         STARVATION_RELEASES.labels(self.config.job).inc()

@@ -18,6 +18,7 @@ from dataclasses import replace
 from prometheus_client import Counter, Gauge, Histogram
 
 from rollart.bus import MessageContext, PermanentError, StopRequest
+from rollart.bus.stopping import StartupInterrupted
 from rollart.config import RollartConfig
 from rollart.messages import Abort, Envelope, GenerationRequest
 from rollart.runtime import Runtime, open_runtime
@@ -105,7 +106,11 @@ async def run_generation(config: RollartConfig, pool: str, stop: StopRequest, *,
 
         engine = VLLMEngine(ensure_model(config.model), config.generation)
     try:
-        if await stop.unless_requested(engine.start()) is None:
+        try:
+            started = await stop.unless_requested(engine.start())
+        except StartupInterrupted:
+            started = None
+        if started is None:
             log.info("stop requested while the engine started: leaving before joining gen-%s", pool)
             return
         async with open_runtime(config, client_id=member) as rt:

@@ -183,7 +183,7 @@ class TrainerStage:
         if now - self._starving_since >= STARVING_LOG_S and now - self._starving_logged >= STARVING_LOG_S:
             self._starving_logged = now
             complete = len(self.buffer.complete_groups())
-            log.warning("no batch for %.0fs: %d groups buffered (%d complete, %d needed), %d samples waiting, "
+            log.info("no batch for %.0fs: %d groups buffered (%d complete, %d needed), %d samples waiting, "
                         "consumer %s in flight", now - self._starving_since, len(self.buffer), complete,
                         self.buffer.groups_per_batch, len(self.waiting),
                         "?" if self.consumer is None else f"{self.consumer.in_flight}/{self.consumer.max_in_flight}")

@@ -4,8 +4,9 @@ argv: bootstrap redis_url job group topic effect_key commit_interval_s handler_d
 Each handled message appends its id to the Redis list ``effect_key`` (the handler's side effect)
 and prints "handled <n>". With a long commit interval it never commits (crash test: killed -9);
 SIGTERM drains in-flight handlers, commits and exits 0. With ``startup_s`` it first starts up like a
-generation member loading its engine: a blocking part (vLLM's construction) then an async part (its
-warm-up), each ``startup_s`` long; SIGTERM then must end it cleanly too, without joining the group.
+generation member loading its engine: a blocking part (vLLM's construction, interruptible) then an
+async part (its warm-up), each ``startup_s`` long; SIGTERM then must end it at once and cleanly,
+without joining the group.
 With $OUTPUT_TOPIC set, each handled message is also produced there (the copy keyed by its id), in
 the loop's transaction when ROLLART_BUS_PROCESSING_GUARANTEE=exactly_once.
 """
@@ -16,6 +17,7 @@ import sys
 import time
 
 from rollart.bus import StopRequest
+from rollart.bus.stopping import StartupInterrupted, interruptible
 from rollart.config import build_config
 from rollart.runtime import open_runtime
 
@@ -24,7 +26,13 @@ async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str,
                commit_interval_s: str, handler_delay_s: str, startup_s: str = "0") -> None:
     stop = StopRequest.installed()  # first, as rollart.stages.entry does
     print("starting", flush=True)
-    time.sleep(float(startup_s))
+    try:
+        with interruptible():  # as vLLM's engine constructor runs
+            time.sleep(float(startup_s))
+    except StartupInterrupted:
+        print("stopped during start-up", flush=True)
+        return
+    print("constructed", flush=True)
     if await stop.unless_requested(asyncio.sleep(float(startup_s), result="warm")) is None:
         print("stopped during start-up", flush=True)
         return

@@ -92,11 +92,13 @@ async def test_sigterm_finishes_in_flight_work_commits_and_exits(runtime, redis)
 
 async def test_sigterm_during_start_up_exits_cleanly_without_joining(runtime, redis):
     """A stage SIGTERMed while it still loads (an engine's blocking construction, then its warm-up)
-    exits 0 at once: no default-action death (-15), no group join, nothing handled or committed."""
+    exits 0 at once: no default-action death (-15), no waiting for the blocking step to end, no
+    group join, nothing handled or committed."""
     config = runtime.config
     effect_key = f"{config.job}:effect"
     await runtime.producer.send_and_wait("tasks", TaskSpec(group_id="g0", env="e", tag="t", group_size=1), key="g0")
-    for delay_s in (1.0, 4.0):  # the signal lands in the blocking part (0-3 s), then in the async one (3-6 s)
+    # The signal lands in the blocking part (0-3 s), then in the async one (3-6 s).
+    for delay_s, in_blocking_part in ((1.0, True), (4.0, False)):
         proc = await spawn_consumer(runtime, effect_key, commit_interval_s=0.1, handler_delay_s=0, startup_s=3.0)
         await read_until(proc, "starting")
         await asyncio.sleep(delay_s)
@@ -104,6 +106,7 @@ async def test_sigterm_during_start_up_exits_cleanly_without_joining(runtime, re
         rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode().split("\n")
         assert await proc.wait() == 0, rest
         assert "stopped during start-up" in rest and not any(line.startswith("handled") for line in rest)
+        assert ("constructed" not in rest) == in_blocking_part, f"the blocking step was interrupted: {rest}"
     assert await redis.llen(effect_key) == 0
     assert await _committed(runtime, config) == 0
 

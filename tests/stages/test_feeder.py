@@ -85,9 +85,11 @@ def test_bad_dataset_names_the_line(tmp_path):
 async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endpoints):
     """Regression (found by `rollart chaos`): after crashes the admission counters over-count (a group
     accepted at the env stage that the trainer could not use, a slot reserved by a killed feeder), the
-    bound held the feeder back forever while the trainer waited for a batch: the run stopped."""
+    bound held the feeder back forever while the trainer waited for a batch: the run stopped. The
+    release is for that only: not while no pool is live, not before the first batch trained."""
     import time
 
+    from rollart.state import PoolRegistry, VersionStore
     from rollart.state.admission import starving_key
 
     config = make_config(endpoints, feeder={"alpha": 1, "groups_per_batch": 2, "group_size": 2,
@@ -96,12 +98,25 @@ async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endp
     await apply_topics(config, endpoints, expand_catalog(config))
     async with open_runtime(config, serve=False) as rt:
         counters = AdmissionCounters(rt.redis, prefix=config.redis.key_prefix, job=config.job)
-        await counters.rebuild(accepted=4, running=0)  # over-counted: the bound (1 + 0 + 1) * 2 = 4 is full
+        await counters.rebuild(accepted=4, running=0)  # at version 0 the bound (1 + 0 + 1) * 2 = 4 is full
         feeder = Feeder(rt)
         run = asyncio.create_task(feeder.run())
-        await asyncio.sleep(1.5)
-        assert await _released(rt) == [], "a trainer that is not starving gets nothing past the bound"
         key = starving_key(config.redis.key_prefix, config.job)
+        await rt.redis.set(key, repr(time.time() - 10), ex=30)  # starving for 10 s ...
+        pools = PoolRegistry(rt.redis, prefix=config.redis.key_prefix, job=config.job)
+        await pools.heartbeat(config.pools[0], "gen-a", ttl_s=30)
+        await asyncio.sleep(1.0)
+        assert await _released(rt) == [], "... but before the first batch trained: the engines are starting"
+        versions = VersionStore(config, rt.endpoints, rt.redis)
+        await rt.redis.set(versions.key, 1)
+        await counters.rebuild(accepted=6, running=0)  # the bound at version 1, full again
+        await pools.leave(config.pools[0], "gen-a")
+        await asyncio.sleep(1.0)
+        assert await _released(rt) == [], "no pool is live: admitting more would not feed the trainer"
+        await rt.redis.delete(key)
+        await pools.heartbeat(config.pools[0], "gen-a", ttl_s=30)
+        await asyncio.sleep(1.0)
+        assert await _released(rt) == [], "a trainer that is not starving gets nothing past the bound"
         await rt.redis.set(key, repr(time.time()), ex=10)  # waiting, but not long enough (slack for slow reads)
         await asyncio.sleep(0.3)
         assert await _released(rt) == []
