@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import msgspec
@@ -26,6 +27,35 @@ from rollart.messages import (
     VersionAnnouncement,
 )
 from rollart.messages.arrays import PackedArray
+
+
+class TokenDecoder:
+    """Token ids to text with the model's ``tokenizer.json``, through the ``tokenizers`` library that
+    transformers' fast tokenizers wrap: it loads in milliseconds where importing transformers takes
+    seconds, and replay is a command people run again and again while debugging."""
+
+    def __init__(self, tokenizer_json: Path):
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_json))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:  # transformers' default
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def load_decoder(model_path: Path):
+    """A decoder for ``model_path``'s tokenizer (None without a model there). transformers' own
+    tokenizer only where ``tokenizer.json`` is missing or its config asks for the space clean-up
+    transformers applies after decoding."""
+    if not (model_path / "config.json").exists():
+        return None
+    tokenizer_json, settings = model_path / "tokenizer.json", model_path / "tokenizer_config.json"
+    cleans_up = settings.exists() and json.loads(settings.read_text()).get("clean_up_tokenization_spaces", False)
+    if tokenizer_json.exists() and not cleans_up:
+        return TokenDecoder(tokenizer_json)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path))
 
 
 @dataclass

@@ -503,11 +503,9 @@ def _refeed(cfg: RollartConfig, topic: str, flt, to_job: str, to_topic: str | No
 
 
 def _tokenizer(cfg: RollartConfig):
-    if not (cfg.model.path / "config.json").exists():
-        return None
-    from transformers import AutoTokenizer
+    from rollart.replay import load_decoder
 
-    return AutoTokenizer.from_pretrained(str(cfg.model.path))
+    return load_decoder(cfg.model.path)
 
 
 def main() -> None:
