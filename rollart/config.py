@@ -148,6 +148,8 @@ class GenerationConfig(Section):
     max_model_len: int = Field(default=2048, ge=64)
     max_concurrency: int = Field(default=64, ge=1)  # requests in flight per generation consumer
     kv_cache_gb: float = Field(default=1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU
+    # CPU: sleep between the engine's internal queue polls instead of spinning (rollart/engines/vllm_plugin.py)
+    engine_poll_sleep_us: int = Field(default=200, ge=0, le=100_000)
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)

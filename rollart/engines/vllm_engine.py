@@ -30,8 +30,10 @@ class VLLMEngine:
 
     async def start(self) -> "VLLMEngine":
         from rollart.bus.stopping import interruptible
+        from rollart.engines.vllm_plugin import POLL_SLEEP_ENV
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
+        os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)  # for vLLM's own processes
         # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
         # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
         with interruptible():
