@@ -16,6 +16,12 @@ from pathlib import Path
 class ChatFormat:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        # Per turn, encode and decode go to the Rust tokenizer a transformers fast tokenizer wraps: its
+        # Python wrapper costs more than the encoding of a short observation (a profile of the per-turn
+        # path). Only where the wrapper adds nothing to the result (no clean-up of spaces on decode).
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._fast = backend if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces",
+                                                                    False) else None
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ChatFormat":
@@ -43,10 +49,17 @@ class ChatFormat:
         """Tokens that close the assistant turn (if the model did not) and open the next one."""
         closing = [] if generated and generated[-1] == self.end_of_turn_id else [self.end_of_turn_id]
         text = f"\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
+        if self._fast is not None:
+            return closing + self._fast.encode(text, add_special_tokens=False).ids
         return closing + self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode_action(self, token_ids) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+        return self._decode(list(token_ids), skip_special_tokens=True).strip()
 
     def decode(self, token_ids) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        return self._decode(list(token_ids), skip_special_tokens=False)
+
+    def _decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -20,6 +20,23 @@ def test_appended_context_matches_the_chat_template(chat):
     assert chat.continuation(second, ended)[0] != chat.end_of_turn_id
 
 
+def test_the_per_turn_fast_path_encodes_and_decodes_as_the_tokenizer_does(chat):
+    """continuation / decode go to the Rust tokenizer directly: same ids, same text."""
+    import random
+
+    from rollart.rollout.chat import ChatFormat
+
+    assert chat._fast is not None, "the tiny model's tokenizer is a fast one: the per-turn path uses its backend"
+    slow = ChatFormat(chat.tokenizer)
+    slow._fast = None
+    rng = random.Random(1)
+    for observation in ("P _ _ _\n_ H _ G", "You fell in a hole! 3 + 4 = ?", "naïve — ünïcode 答案", ""):
+        generated = chat.tokenizer.encode(rng.choice(["Right", "Down", "<answer>7</answer>"]), add_special_tokens=False)
+        assert chat.continuation(observation, generated) == slow.continuation(observation, generated)
+        ids = [rng.randrange(chat.tokenizer.vocab_size) for _ in range(64)] + [chat.end_of_turn_id]
+        assert chat.decode(ids) == slow.decode(ids) and chat.decode_action(ids) == slow.decode_action(ids)
+
+
 def test_loss_mask_covers_only_generated_tokens():
     task = TaskSpec(group_id="g", env="frozenlake", tag="t", group_size=1)
     builder = TrajectoryBuilder("g-0", task)
