@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from rollart.bench.envs import CountdownEnv
+from rollart.chaos.scrape import bucket_quantile
 from rollart.bench.session import BENCH_POOL, BenchSession, bench_session
 from rollart.config import RollartConfig
 from rollart.messages import GenerationRequest, Int32Array, SamplingParams
@@ -71,17 +72,7 @@ def histogram_quantile(name: str, labels: dict[str, str], q: float) -> float:
         for sample in metric.samples:
             if sample.name == f"{name}_bucket" and all(sample.labels.get(k) == v for k, v in labels.items()):
                 buckets.append((float(sample.labels["le"]), sample.value))
-    buckets.sort()
-    if not buckets or buckets[-1][1] == 0:
-        return float("nan")
-    rank, previous_le, previous_count = q * buckets[-1][1], 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if le == float("inf"):
-                return previous_le
-            return previous_le + (le - previous_le) * (rank - previous_count) / max(count - previous_count, 1e-12)
-        previous_le, previous_count = le, count
-    return buckets[-2][0]
+    return bucket_quantile(buckets, q)
 
 
 async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int = 64, turns: int = 8,

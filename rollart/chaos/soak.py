@@ -11,7 +11,9 @@ warm-up, first weight sync: memory that is allocated once), the trend of each st
 * ``flat``: growth within ``max(FLAT_PCT % of the baseline, FLAT_MIB)``.
 
 Throughput is reported per window from the trainer's record, so a stream that slowed (and so stopped
-allocating) is not mistaken for a flat one.
+allocating) is not mistaken for a flat one, and so is the per-turn bus overhead (the env members'
+``rollart_env_generation_overhead_seconds``, scraped from their /metrics each sample): ``overhead_drift``
+compares its mean over the last fifth of the windows with the first fifth's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import psutil
 import yaml
 
+from rollart.chaos import scrape
 from rollart.chaos.inject import stage_pids
 from rollart.chaos.run import DEFAULT_TAGS
 from rollart.config import load_config
@@ -34,6 +37,7 @@ from rollart.training.checkpoint import CheckpointStore
 
 FLAT_PCT = 5.0  # growth allowed, as a share of the post-warm-up baseline
 FLAT_MIB = 16.0  # and at least this much (allocator noise on a small process)
+OVERHEAD = "rollart_env_generation_overhead_seconds"
 
 
 def tree_rss_mib(pid: int) -> float | None:
@@ -100,11 +104,13 @@ def throughput_windows(record: list[dict], started: float, window_s: float) -> l
 
 
 class MemorySampler:
-    """Samples every stage's process-tree RSS from the run's ``pids.json`` until cancelled."""
+    """Samples every stage's process-tree RSS from the run's ``pids.json``, and the env members'
+    per-turn overhead histogram from their /metrics, until cancelled."""
 
     def __init__(self, out: Path, sample_s: float):
         self.out, self.sample_s = out, sample_s
         self.series: dict[str, StageSeries] = {}
+        self.overhead: dict[str, list[scrape.HistogramSample]] = {}  # env instance -> scrapes
         self.started = time.time()
 
     async def run(self) -> None:
@@ -114,7 +120,15 @@ class MemorySampler:
                 mib = await asyncio.to_thread(tree_rss_mib, pid)
                 if mib is not None:
                     self.series.setdefault(name, StageSeries(name)).add(pid, now, mib)
+            await self._scrape_overhead(now)
             await asyncio.sleep(self.sample_s)
+
+    async def _scrape_overhead(self, now: float) -> None:
+        for instance, target in scrape.stage_targets(self.out / "prometheus" / "targets.json", "env").items():
+            text = await asyncio.to_thread(scrape.scrape, target)
+            sample = scrape.parse_histogram(text, OVERHEAD, now) if text else None
+            if sample is not None:
+                self.overhead.setdefault(instance, []).append(sample)
 
 
 def soak_job(base: dict[str, Any]) -> dict[str, Any]:
@@ -161,5 +175,19 @@ def soak_result(sampler: MemorySampler, record: list[dict], report: dict, *, dur
         "trajectories_trained": sum(len(r.get("traj_ids", ())) for r in record if "event" not in r),
         "stages": stages, "flat": bool(judged) and all(judged) and len(judged) == len(stages),
         "throughput": throughput_windows(record, sampler.started, max(60.0, duration_s / 10)),
+        **overhead_figures(sampler.overhead, max(60.0, duration_s / 10)),
         "restarts": report["restarts"],
     }
+
+
+def overhead_figures(series: dict[str, list[scrape.HistogramSample]], window_s: float) -> dict[str, Any]:
+    """The per-turn bus overhead per window, and its drift: last fifth of the windows over the first."""
+    rows = scrape.windows(series, 0.0, window_s)
+    means = [r["mean_s"] for r in rows if r["mean_s"] is not None]
+    drift = None
+    if len(means) >= 2:
+        fifth = max(1, len(means) // 5)
+        first, last = statistics.mean(means[:fifth]), statistics.mean(means[-fifth:])
+        drift = {"first_fifth_mean_s": round(first, 6), "last_fifth_mean_s": round(last, 6),
+                 "ratio": round(last / first, 3) if first else None}
+    return {"turn_overhead": rows, "overhead_drift": drift}

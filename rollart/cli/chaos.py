@@ -93,6 +93,10 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         console.print("throughput (trajectories/min): " + ", ".join(
             f"{w['from_s']}s {w['trajectories_per_min']}" for w in result["throughput"]))
+        console.print("per-turn bus overhead, mean ms: " + ", ".join(
+            f"{w['from_s']}s {w['mean_s'] * 1000:.1f}" for w in result["turn_overhead"] if w["mean_s"] is not None))
+        if result["overhead_drift"]:
+            console.print(f"overhead drift (last fifth / first fifth): {result['overhead_drift']['ratio']}")
         console.print(f"result: {out}")
         if not result["flat"]:
             raise typer.Exit(1)

@@ -70,6 +70,36 @@ def test_throughput_windows_count_trained_trajectories():
 
 
 @pytest.mark.timeout(600)
+def test_overhead_windows_come_from_bucket_increases_and_survive_a_restart():
+    from rollart.chaos.scrape import HistogramSample, bucket_quantile, parse_histogram, windows
+    from rollart.chaos.soak import OVERHEAD, overhead_figures
+
+    text = (f'# TYPE {OVERHEAD} histogram\n'
+            f'{OVERHEAD}_bucket{{job="j",pool="a",le="0.01"}} 3\n{OVERHEAD}_bucket{{job="j",pool="a",le="0.1"}} 4\n'
+            f'{OVERHEAD}_bucket{{job="j",pool="a",le="+Inf"}} 4\n{OVERHEAD}_count{{job="j",pool="a"}} 4\n'
+            f'{OVERHEAD}_sum{{job="j",pool="a"}} 0.1\n'
+            f'{OVERHEAD}_bucket{{job="j",pool="b",le="0.01"}} 1\n{OVERHEAD}_bucket{{job="j",pool="b",le="0.1"}} 1\n'
+            f'{OVERHEAD}_bucket{{job="j",pool="b",le="+Inf"}} 1\n{OVERHEAD}_count{{job="j",pool="b"}} 1\n'
+            f'{OVERHEAD}_sum{{job="j",pool="b"}} 0.005\n')
+    scraped = parse_histogram(text, OVERHEAD, at=10.0)
+    assert (scraped.count, scraped.buckets[0.01], scraped.total) == (5, 4, pytest.approx(0.105)), "pools summed"
+    assert parse_histogram("# TYPE other counter\nother_total 1\n", OVERHEAD, at=0) is None
+    assert bucket_quantile([(0.01, 3), (0.1, 4), (float("inf"), 4)], 0.5) == pytest.approx(0.01 * 2 / 3)
+
+    def at(t, count, fast, total):  # cumulative: `fast` of `count` turns under 10 ms
+        return HistogramSample(t, count, total, {0.01: fast, 0.1: count, float("inf"): count})
+
+    # minute 1: 10 fast turns; minute 2: 10 slow ones; then the env restarted (counters from 0): 4 fast
+    series = {"env-0": [at(30, 5, 5, 0.025), at(60, 10, 10, 0.05), at(110, 20, 10, 0.6), at(150, 4, 4, 0.02)]}
+    rows = windows(series, 0.0, 60.0)
+    assert [r["observations"] for r in rows] == [10, 10, 4]
+    assert rows[0]["mean_s"] == pytest.approx(0.005) and rows[1]["mean_s"] == pytest.approx(0.055)
+    assert rows[0]["p50_s"] < 0.01 < rows[1]["p50_s"] and rows[2]["mean_s"] == pytest.approx(0.005)
+    figures = overhead_figures(series, 60.0)
+    assert figures["turn_overhead"] == rows and figures["overhead_drift"]["ratio"] == pytest.approx(1.0)
+    assert overhead_figures({}, 60.0) == {"turn_overhead": [], "overhead_drift": None}
+
+
 def test_a_short_soak_samples_every_stage_and_judges_it(stack, tiny_model, tmp_path):
     """A real job held for 30 s of training: every stage sampled after its warm-up, throughput per window, the verdict
     in the exit code. (The figure itself comes from a long soak; see the README.)"""
@@ -88,6 +118,8 @@ def test_a_short_soak_samples_every_stage_and_judges_it(stack, tiny_model, tmp_p
     # the engine core is a child of the generation stage: its tree holds the model and the KV cache
     assert report["stages"]["gen-default-0"]["baseline_mib"] > report["stages"]["feeder"]["baseline_mib"]
     assert report["steps"] > 0 and report["trajectories_trained"] > 0 and report["throughput"]
+    turns = [w for w in report["turn_overhead"] if w["observations"]]
+    assert turns and all(w["mean_s"] > 0 and w["p50_s"] is not None for w in turns), report["turn_overhead"]
     assert result.returncode == (0 if report["flat"] else 1), result.stdout[-2000:]
     pids = json.loads((out.parent / "run" / "pids.json").read_text())
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
