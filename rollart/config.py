@@ -139,6 +139,9 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(default=1, ge=1)  # steps; samples are committed only once checkpointed
     capacity_groups: int | None = Field(default=None, ge=1)  # buffer bound; None: (alpha + 2) * groups_per_batch
     keep_versions: int = Field(default=2, ge=1)  # published versions kept besides any still being pulled
+    # CPU plan: torch's intra-op threads in the trainer (None: torch's default, one per core); on a
+    # machine it shares with an engine, fewer threads than cores keep the two from fighting
+    torch_threads: int | None = Field(default=None, ge=1)
     seed: int = 0
 
 
@@ -150,6 +153,9 @@ class GenerationConfig(Section):
     kv_cache_gb: float = Field(default=1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU
     # CPU: sleep between the engine's internal queue polls instead of spinning (rollart/engines/vllm_plugin.py)
     engine_poll_sleep_us: int = Field(default=200, ge=0, le=100_000)
+    # CPU plan: vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto": it reserves a core for its scheduler and
+    # binds the rest; "nobind"; or CPU ids such as "1" or "0-3"); None leaves the environment's
+    omp_threads_bind: str | None = Field(default=None, pattern=r"^(auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$")
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)

@@ -27,6 +27,8 @@ def test_yaml_with_env_overrides(tmp_path, monkeypatch):
         ("job: has.dots\n", "job"),
         ("kafka:\n  security_protocol: SASL_WHATEVER\n", "kafka.security_protocol"),
         ("nonsense: 1\n", "nonsense"),
+        ("generation:\n  omp_threads_bind: cores-0-1\n", "generation.omp_threads_bind"),
+        ("trainer:\n  torch_threads: 0\n", "trainer.torch_threads"),
     ],
 )
 def test_invalid_config_names_the_field(tmp_path, text, field):

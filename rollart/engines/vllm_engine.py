@@ -34,6 +34,8 @@ class VLLMEngine:
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
         os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)  # for vLLM's own processes
+        if self.config.omp_threads_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.omp_threads_bind
         # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
         # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
         with interruptible():

@@ -318,6 +318,10 @@ def build_backend(config: RollartConfig):
     from rollart.models.tiny import ensure_model
 
     t = config.trainer
+    if t.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(t.torch_threads)
     if t.backend == "megatron":
         from rollart.training.megatron_backend import MegatronBackend
 
@@ -331,6 +335,7 @@ def build_backend(config: RollartConfig):
     from rollart.training.torch_backend import TorchBackend
 
     torch.manual_seed(t.seed)
+    log.info("torch intra-op threads: %d", torch.get_num_threads())
     return TorchBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch, device=t.device,
                         loss=loss_config(config), grad_clip=t.grad_clip)
 

@@ -40,6 +40,18 @@ def test_demo_config_learns(tmp_path):
     first, last = sum(rewards[:8]) / 8, sum(rewards[-10:]) / 10
     assert last > first + 0.03, f"reward did not rise: first steps {first:.3f}, last steps {last:.3f}"
     assert report["staleness_max"] <= 1 and report["trained_duplicates"] == 0
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    assert f"torch intra-op threads: {threads}" in (tmp_path / "demo" / "logs" / "trainer.log").read_text(), \
+        "the run's CPU plan: the trainer gets half the cores, the engine the rest"
+
+
+def test_the_cpu_plan_leaves_a_configured_thread_count_alone():
+    from rollart.config import build_config
+    from rollart.job.run import shared_machine_threads
+
+    assert shared_machine_threads(build_config({"trainer": {"torch_threads": 3}})) == {}
+    planned = shared_machine_threads(build_config({}))
+    assert planned == {"ROLLART_TRAINER_TORCH_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
 
 
 @pytest.mark.timeout(900)
