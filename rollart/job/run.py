@@ -112,8 +112,9 @@ def supervise(procs: StageProcesses, restarts: Counter, opts: RunOptions) -> Non
 def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
     """The CPU plan of a run whose stages share one machine: the trainer gets half the cores for
     torch's intra-op threads unless ``trainer.torch_threads`` says otherwise (the engine's worker
-    binds its own OpenMP threads; with torch on every core the two fight: on 2 cores a demo step
-    trained in 2.0-2.1 s with 1 thread against 2.7-2.8 s with 2, and 40 steps took 138-154 s against 180 s)."""
+    binds its own OpenMP threads and torch on every core competes with it: on 2 cores a 40-step demo
+    trained its steps in 2.0-2.1 s with 1 thread against 2.7-2.8 s with 2; over 150 steps the two
+    means were the same, within this machine's noise; see the README's CPU plan)."""
     if config.trainer.torch_threads is not None:
         return {}
     return {"ROLLART_TRAINER_TORCH_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
