@@ -80,6 +80,23 @@ def register(bench_app: typer.Typer) -> None:
                       "redundant rollout over none (time per step)", redundancy=redundancy, repeats=repeats,
                       failure_rate=failure_rate, straggler_rate=straggler_rate, straggler_s=straggler_s)
 
+    @bench_app.command("trainer-step")
+    def trainer_step_cmd(run: Annotated[Path, typer.Option(help="A finished run's --out directory (its trainer's "
+                                                               "record keeps each step's batch shape).")],
+                         config: ConfigOption = None, out: OutOption = None,
+                         steps: Annotated[int, typer.Option(min=1, help="The run's last N steps.")] = 20,
+                         torch_threads: Annotated[Optional[int], typer.Option(
+                             min=1, help="Default: the run's own.")] = None) -> None:
+        """A run's training steps timed alone on the same cores, beside their time inside the run."""
+        from rollart.bench.trainer_step import bench_trainer_step
+
+        try:
+            run_benchmark(config, out, bench_trainer_step, ["mode", "step_s_mean", "step_s_p50"],
+                          "trainer step in the run over alone", run=run, steps=steps, torch_threads=torch_threads)
+        except ValueError as exc:
+            Console(stderr=True).print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+
     @bench_app.command("pipeline-efficiency")
     def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
                      max_tokens: int = 8, repeats: int = 3,

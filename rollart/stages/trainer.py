@@ -261,6 +261,10 @@ class TrainerStage:
             "tokens": int(sum(sum(s.trajectory.loss_mask) for s in samples)),
             "turns_mean": sum(s.trajectory.turns for s in samples) / len(samples),
             "traj_ids": [s.trajectory.traj_id for s in samples],
+            # the batch's shape, so `rollart bench trainer-step` can time the same step alone
+            "lengths": [len(s.trajectory.token_ids) for s in samples],
+            "generated": [int(sum(s.trajectory.loss_mask)) for s in samples],
+            "torch_threads": _torch_threads(),
             "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
             "buffer_groups": len(self.buffer), "dropped": dict(self._dropped()),
             "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
@@ -303,6 +307,13 @@ class TrainerStage:
         keep_from = min([self.version - self.config.trainer.keep_versions + 1,
                          *await pulling_versions(self.rt.redis, prefix, job)])
         await asyncio.to_thread(self.publisher.collect, keep_from)
+
+
+def _torch_threads() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")  # loaded by any backend that trains; not imported for this
+    return torch.get_num_threads() if torch is not None else None
 
 
 def trainer_loop(rt: Runtime, stage: TrainerStage):

@@ -90,3 +90,30 @@ def test_async_runs_a_training_job_pinned_and_measures_it(tmp_path, stack, tiny_
     if len(os.sched_getaffinity(0)) >= 2:
         assert data["pinning"]["generation"] and data["pinning"]["trainer"]
         assert not set(data["pinning"]["generation"]) & set(data["pinning"]["trainer"])
+
+
+async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_model):
+    """The record keeps each step's shape; the bench times the same shapes alone beside the run's time."""
+    import json
+
+    from rollart.bench.trainer_step import bench_trainer_step, shaped_batch
+    from rollart.config import build_config
+
+    rng = __import__("random").Random(0)
+    batch = shaped_batch([12, 20, 9, 15], [3, 5, 1, 4], 2, 100, rng)
+    assert [len(s.trajectory.token_ids) for s in batch] == [12, 20, 9, 15]
+    assert [int(sum(s.trajectory.loss_mask)) for s in batch] == [3, 5, 1, 4]
+    assert {s.trajectory.group_id for s in batch} == {"b-g0", "b-g1"}
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    rows = [{"step": i + 1, "train_s": 0.5, "lengths": [12, 20, 9, 15], "generated": [3, 5, 1, 4],
+             "torch_threads": 1} for i in range(3)]
+    rows.insert(1, {"event": "publish", "step": 1})
+    (tmp_path / "run" / "checkpoints" / "record.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = build_config({"model": {"path": str(tiny_model)}, "feeder": {"group_size": 2},
+                           "trainer": {"micro_batch": 2}})
+    result = await bench_trainer_step(config, tmp_path, run=tmp_path / "run", steps=2)
+    assert result["setup"]["steps"] == 2 and result["setup"]["torch_threads"] == 1
+    alone = result["rows"][1]["step_s_mean"]
+    assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
+    with pytest.raises(ValueError, match="no step carries its batch shape"):
+        await bench_trainer_step(config, tmp_path, run=tmp_path / "empty")

@@ -1,0 +1,97 @@
+"""``rollart bench trainer-step --run OUT``: a run's training steps timed
+alone, on the same cores, beside what they took inside the run.
+
+The trainer's record keeps each step's batch shape (every sample's length and generated tokens) and
+its ``train_s``. This replays the same shapes (token ids drawn at random: compute depends on the
+shapes, not on the ids) through the same backend and config, one step after the other with nothing
+else running, and reports in-run ÷ alone: what sharing the machine with the rest of the loop costs
+the trainer (the "Loop throughput" goal: within 1.3x).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rollart.config import RollartConfig
+from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
+from rollart.messages.samples import sample_trajectory
+from rollart.training.checkpoint import CheckpointStore
+
+
+def shaped_batch(lengths: list[int], generated: list[int], group_size: int, vocab: int,
+                 rng: random.Random) -> list[ScoredTrajectory]:
+    """Scored trajectories of exactly these lengths, the last ``generated`` tokens of each trained."""
+    samples = []
+    for i, (n, g) in enumerate(zip(lengths, generated)):
+        g = max(1, min(g, n - 1))
+        t = sample_trajectory(f"b-g{i // group_size}-t{i}", n_prompt=n - g, n_gen=g, version=0)
+        t = replace(t, group_id=f"b-g{i // group_size}", token_ids=Int32Array([rng.randrange(vocab) for _ in range(n)]),
+                    loss_mask=UInt8Array([0] * (n - g) + [1] * g),
+                    logprobs=Float32Array([0.0] * (n - g) + [-1.0] * g))
+        samples.append(ScoredTrajectory(trajectory=t, reward=float(rng.random() < 0.5), scorer="bench"))
+    return samples
+
+
+def recorded_steps(run: Path, last: int) -> list[dict]:
+    """The last ``last`` steps of a run (its ``--out`` directory, or its checkpoints directory)."""
+    store = CheckpointStore(run / "checkpoints" if (run / "checkpoints").is_dir() else run)
+    rows = [r for r in store.read_record() if "event" not in r and r.get("lengths")]
+    if not rows:
+        raise ValueError(f"{store.record_path}: no step carries its batch shape (no such run, an empty one, "
+                         "or a record written before the shapes were kept)")
+    return rows[-last:]
+
+
+async def bench_trainer_step(config: RollartConfig, work_dir: Path, *, run: Path, steps: int = 20,
+                             torch_threads: int | None = None) -> dict[str, Any]:
+    import asyncio
+
+    return await asyncio.to_thread(_measure, config, run, steps, torch_threads)
+
+
+def _measure(config: RollartConfig, run: Path, steps: int, torch_threads: int | None) -> dict[str, Any]:
+    import torch
+
+    from rollart.stages.trainer import build_backend
+
+    rows = recorded_steps(run, steps)
+    torch_threads = torch_threads or rows[-1].get("torch_threads")  # the run's own thread count by default
+    if torch_threads is not None:
+        config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"torch_threads": torch_threads})})
+    threads_before = torch.get_num_threads()
+    try:
+        return _replay(build_backend(config), config, rows)
+    finally:
+        torch.set_num_threads(threads_before)  # the backend set the run's count for this process
+
+
+def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
+    import torch
+
+    from rollart.training.torch_backend import collate
+
+    vocab = int(backend.model.config.vocab_size)
+    rng = random.Random(0)
+    group_size = config.feeder.group_size
+    options = {"pad_id": 0, "norm": config.trainer.advantage_norm, "per_step": config.trainer.samples == "step"}
+    warm = collate(shaped_batch(rows[0]["lengths"], rows[0]["generated"], group_size, vocab, rng), **options)
+    backend.train_step(warm)  # first-step allocations are not the trainer's steady cost
+    alone = []
+    for row in rows:
+        batch = collate(shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng), **options)
+        started = time.perf_counter()
+        backend.train_step(batch)
+        alone.append(time.perf_counter() - started)
+    in_run = [row["train_s"] for row in rows]
+    ratio = statistics.mean(in_run) / statistics.mean(alone)
+    return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
+            "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(),
+                      "samples_per_step": statistics.mean(len(r["lengths"]) for r in rows),
+                      "tokens_per_sample": statistics.mean(statistics.mean(r["lengths"]) for r in rows)},
+            "rows": [{"mode": "in the run", "step_s_mean": statistics.mean(in_run), "step_s_p50": statistics.median(in_run)},
+                     {"mode": "alone", "step_s_mean": statistics.mean(alone), "step_s_p50": statistics.median(alone)}]}
