@@ -165,9 +165,11 @@ async def test_redelivered_copies_filling_the_consumer_do_not_stall_the_trainer(
     await trainer.start(loops)
     lone = scored(0, 0, reward=0.0, job=job)
     await trainer.produce([lone] * 4)  # max_in_flight = 4: the sample and three copies fill the loop
+    await eventually(lambda: trainer.stage.buffer.stats.evicted_full_groups == 1,
+                     what="the group that cannot complete dropped once the copies fill the consumer")
     await trainer.produce([scored(g, m, reward=float(m), job=job) for g in (1, 2) for m in range(2)])
-    await eventually(lambda: len(trainer.steps()) == 1, what="a step once the stuck group is dropped")
-    assert trainer.stage.buffer.stats.evicted_full_groups == 1
+    await eventually(lambda: len(trainer.steps()) == 1, what="a step: the consumer has room again")
+    assert trainer.stage.buffer.stats.evicted_full_groups == 1 and trainer.stage.buffer.stats.late_members == 3
     assert {i.split("-t")[0] for i in trainer.steps()[0]["traj_ids"]} == {f"{job}-g1", f"{job}-g2"}
 
 
