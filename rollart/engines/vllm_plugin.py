@@ -46,7 +46,7 @@ def patch_spin_condition(sleep_s: float) -> bool:
         from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     except ImportError:
         SpinCondition = None
-    if SpinCondition is None or not all(hasattr(SpinCondition, a) for a in ("wait", "__init__")):
+    if SpinCondition is None or not hasattr(SpinCondition, "wait"):
         log.warning("rollart: vLLM's SpinCondition is gone; its readers keep their own busy-wait")
         return False
     if getattr(SpinCondition.wait, "rollart_poll_sleep_s", None) is not None:

@@ -184,9 +184,9 @@ class TrainerStage:
             self._starving_logged = now
             complete = len(self.buffer.complete_groups())
             log.info("no batch for %.0fs: %d groups buffered (%d complete, %d needed), %d samples waiting, "
-                        "consumer %s in flight", now - self._starving_since, len(self.buffer), complete,
-                        self.buffer.groups_per_batch, len(self.waiting),
-                        "?" if self.consumer is None else f"{self.consumer.in_flight}/{self.consumer.max_in_flight}")
+                     "consumer %s in flight", now - self._starving_since, len(self.buffer), complete,
+                     self.buffer.groups_per_batch, len(self.waiting),
+                     "?" if self.consumer is None else f"{self.consumer.in_flight}/{self.consumer.max_in_flight}")
         if now - self._starving_marked >= 1.0:
             self._starving_marked = now
             await self.rt.redis.set(starving_key(self.config.redis.key_prefix, self.config.job),
