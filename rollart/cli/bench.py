@@ -32,6 +32,8 @@ def print_result(result: dict[str, Any], columns: list[str], headline: str) -> N
         table.add_row(*(_fmt(row.get(c, "")) for c in columns))
     console.print(table)
     key = "efficiency" if "efficiency" in result else "speedup"
+    if key not in result:  # a partial run (one side of a comparison): its rows only
+        return
     console.print(f"{headline}: [bold]{result[key]:.2f}{'x' if key == 'speedup' else ''}[/bold]")
 
 
@@ -164,6 +166,29 @@ def register(bench_app: typer.Typer) -> None:
                        "utilisation", "cold_starts", "scored"],
                       "dedicated over serverless (burst makespan)", bursts=bursts, burst=burst, gap_s=gap_s,
                       service_s=service_s, slots=slots, cold_start_s=cold_start_s)
+
+    @bench_app.command("time-to-quality")
+    def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job (its tags, "
+                                                                  "model, batch, alpha).")] = Path("configs/demo.yaml"),
+                            out: OutOption = None,
+                            steps: Annotated[int, typer.Option(min=1, help="Training steps of each run.")] = 150,
+                            target: Annotated[float, typer.Option(min=0.0, max=1.0, help="Success rate.")] = 0.9,
+                            window: Annotated[int, typer.Option(min=1, help="Steps the success is averaged over.")]
+                            = 5,
+                            order: Annotated[str, typer.Option(help="Which runs, in order: in-process,pipeline "
+                                                                    "(either alone: its figures only).")]
+                            = "in-process,pipeline") -> None:
+        """Time to a success rate: the pipeline (rollart run) against an in-process generate-then-train loop."""
+        from rollart.bench.time_to_quality import bench_time_to_quality
+
+        result = run_benchmark(config, out, bench_time_to_quality,
+                               ["mode", "seconds_to_target", "steps_to_target", "seconds_per_step", "first_step_s",
+                                "success_last_steps", "train_s_mean", "wait_s_mean"],
+                               f"pipeline time over in-process time to {target:.0%} success", job_yaml=config,
+                               steps=steps, target=target, window=window,
+                               order=tuple(m.strip() for m in order.split(",") if m.strip()))
+        if "measured_on" in result:
+            console.print(f"measured on: {result['measured_on']}")
 
     @bench_app.command("async")
     def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,

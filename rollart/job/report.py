@@ -50,6 +50,7 @@ def build_report(*, job: str, alpha: int, record: list[dict], loads: list[dict],
         "tokens_per_s": round(monitor.get("tokens", 0) / elapsed, 3),
         "trajectories_per_s": round(monitor.get("completed", 0) / elapsed, 3),
         "elapsed_s": round(elapsed, 3),
+        "started_at": started_at,  # Unix seconds when the stages were started (rows carry "time")
         "step_time_split_s": {phase: _summary([s[f"{phase}_s"] for s in steps if s.get(f"{phase}_s") is not None])
                               for phase in ("wait", "train", "publish")},
         "weights": {

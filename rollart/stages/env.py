@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from typing import Awaitable, Callable
 from zlib import crc32
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -85,75 +86,28 @@ class TrajectoryAborted(Exception):
         self.reason = reason
 
 
-class EnvManager:
-    def __init__(self, runtime: Runtime, chat: ChatFormat, member: str):
-        self.rt = runtime
-        self.config: RollartConfig = runtime.config
+GenerateTurn = Callable[[TaskSpec, str, int, TrajectoryBuilder], Awaitable[GenerationResult]]
+
+
+def turn_sampling(config: RollartConfig, chat: ChatFormat) -> SamplingParams:
+    """The sampling parameters of every LLM turn (``env.sampling``; the chat's end of turn stops)."""
+    sampling = config.env.sampling
+    return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          max_tokens=sampling.max_tokens, stop_token_ids=chat.stop_token_ids)
+
+
+class TrajectoryRunner:
+    """Runs one trajectory on its own timeline: reset, then turns of generate → step until the env
+    is done, the turns run out or the context is full. Where a turn's tokens come from is given:
+    the env stage asks a generation pool over the bus, the in-process loop (``rollart bench
+    time-to-quality``) asks its engine. ``check_staleness`` may abort a trajectory between turns."""
+
+    def __init__(self, config: RollartConfig, chat: ChatFormat, generate: GenerateTurn,
+                 check_staleness: Callable[[TrajectoryBuilder], Awaitable[None]] | None = None):
+        self.config = config
         self.chat = chat
-        self.member = member
-        self.replies = ReplyChannel(runtime, "env.actions", timeout_s=self.config.env.generation_timeout_s)
-        registry = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
-        self.router = PoolRouter(self.config, registry)
-        self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
-        self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
-        self._version = (0, 0.0)  # (value, read at)
-
-    # -- tasks: groups --------------------------------------------------------------------------
-
-    async def handle_task(self, envelope: Envelope, ctx: MessageContext) -> None:
-        task: TaskSpec = envelope.message
-        completed = await self.run_group(task, ctx)
-        GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
-        if self.config.feeder.alpha is not None:
-            await self.admission.finish(groups=1, accepted=completed >= task.group_size, group_id=task.group_id)
-
-    async def run_group(self, task: TaskSpec, ctx: MessageContext) -> int:
-        """Run the group's trajectories; returns how many completed (at most group_size are emitted)."""
-        runners = {asyncio.create_task(self.run_trajectory(task, f"{task.group_id}-{i}")): f"{task.group_id}-{i}"
-                   for i in range(task.group_size + task.redundancy)}
-        waiting, completed = set(runners), 0
-        try:
-            while waiting and completed < task.group_size:
-                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for runner in done:
-                    outcome = runner.result()
-                    if isinstance(outcome, CompletedTrajectory) and completed >= task.group_size:
-                        outcome = self._abort(task, outcome.traj_id, outcome.turns, "redundant")
-                    if isinstance(outcome, CompletedTrajectory):
-                        completed += 1
-                    await self._emit(outcome, task, ctx)
-            for runner in waiting:  # the group is complete: the extras are not needed
-                runner.cancel()
-            for runner in waiting:
-                try:
-                    await runner
-                except asyncio.CancelledError:
-                    pass
-                await self._emit(self._abort(task, runners[runner], 0, "redundant"), task, ctx)
-            return completed
-        except BaseException:  # revoked, shutting down, or a bug: the task is redelivered (or dead-lettered)
-            for runner in runners:
-                if not runner.done():
-                    runner.cancel()
-                    INTERRUPTED.labels(self.config.job, task.tag).inc()
-            raise
-
-    async def _emit(self, outcome: CompletedTrajectory | Abort, task: TaskSpec, ctx: MessageContext) -> None:
-        if isinstance(outcome, CompletedTrajectory):
-            COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
-            TURNS.labels(self.config.job, task.tag).observe(outcome.turns)
-            TRAJ_LATENCY.labels(self.config.job, task.tag).observe(outcome.timings.get("total", 0.0))
-            version = outcome.start_version
-        else:
-            ABORTED.labels(self.config.job, task.tag, outcome.reason).inc()
-            version = None
-        await ctx.produce("trajectories.completed", outcome, key=outcome.traj_id, policy_version=version)
-
-    def _abort(self, task: TaskSpec, traj_id: str, turn: int, reason: str) -> Abort:
-        return Abort(traj_id=traj_id, turn=turn, reason=reason, group_id=task.group_id, tag=task.tag,
-                     created_at=time.time())
-
-    # -- one trajectory -------------------------------------------------------------------------
+        self.generate = generate
+        self.check_staleness = check_staleness
 
     def _make_env(self, task: TaskSpec, traj_id: str):
         spec = self.config.tags.get(task.tag)
@@ -162,7 +116,7 @@ class EnvManager:
             env = FaultyEnv(env, spec.faults, rng_seed=crc32(traj_id.encode()))
         return env
 
-    async def run_trajectory(self, task: TaskSpec, traj_id: str) -> CompletedTrajectory | Abort:
+    async def run(self, task: TaskSpec, traj_id: str) -> CompletedTrajectory | Abort:
         builder = TrajectoryBuilder(traj_id, task)
         RUNNING.labels(self.config.job).inc()
         try:
@@ -172,7 +126,7 @@ class EnvManager:
             spec = self.config.tags.get(task.tag)
             max_turns = (spec.max_turns if spec and spec.max_turns else None) or env.max_turns
             for turn in range(max_turns):
-                result = await self._generate(task, traj_id, turn, builder)
+                result = await self.generate(task, traj_id, turn, builder)
                 builder.add_generation(result)
                 step = await self._step(env, self.chat.decode_action(result.token_ids), task, builder)
                 builder.env_reward += step.reward
@@ -187,10 +141,11 @@ class EnvManager:
                         self.config.generation.max_model_len:
                     return self._finish(builder, env, "truncated")
                 builder.add_context(continuation)
-                await self._check_staleness(builder)
+                if self.check_staleness is not None:
+                    await self.check_staleness(builder)
             return self._finish(builder, env, "max_turns")
         except TrajectoryAborted as exc:
-            return self._abort(task, traj_id, builder.turns, exc.reason)
+            return abort(task, traj_id, builder.turns, exc.reason)
         finally:
             RUNNING.labels(self.config.job).dec()
 
@@ -229,16 +184,64 @@ class EnvManager:
             STEP_LATENCY.labels(self.config.job, task.tag).observe(elapsed)
             builder.add_time("env_step", elapsed)
 
+
+def abort(task: TaskSpec, traj_id: str, turn: int, reason: str) -> Abort:
+    return Abort(traj_id=traj_id, turn=turn, reason=reason, group_id=task.group_id, tag=task.tag,
+                 created_at=time.time())
+
+
+class EnvManager:
+    def __init__(self, runtime: Runtime, chat: ChatFormat, member: str):
+        self.rt = runtime
+        self.config: RollartConfig = runtime.config
+        self.chat = chat
+        self.member = member
+        self.replies = ReplyChannel(runtime, "env.actions", timeout_s=self.config.env.generation_timeout_s)
+        registry = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
+        self.router = PoolRouter(self.config, registry)
+        self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
+        self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
+        self.trajectories = TrajectoryRunner(self.config, chat, self._generate, self._check_staleness)
+        self.sampling = turn_sampling(self.config, chat)
+        self._version = (0, 0.0)  # (value, read at)
+
+    # -- tasks: groups --------------------------------------------------------------------------
+
+    async def handle_task(self, envelope: Envelope, ctx: MessageContext) -> None:
+        task: TaskSpec = envelope.message
+        completed = await self.run_group(task, ctx)
+        GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
+        if self.config.feeder.alpha is not None:
+            await self.admission.finish(groups=1, accepted=completed >= task.group_size, group_id=task.group_id)
+
+    async def run_group(self, task: TaskSpec, ctx: MessageContext) -> int:
+        """Run the group's trajectories; returns how many completed (at most group_size are emitted)."""
+
+        async def emit(outcome: CompletedTrajectory | Abort) -> None:
+            await self._emit(outcome, task, ctx)
+
+        return await run_group(self.trajectories, task, emit)
+
+    async def _emit(self, outcome: CompletedTrajectory | Abort, task: TaskSpec, ctx: MessageContext) -> None:
+        if isinstance(outcome, CompletedTrajectory):
+            COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
+            TURNS.labels(self.config.job, task.tag).observe(outcome.turns)
+            TRAJ_LATENCY.labels(self.config.job, task.tag).observe(outcome.timings.get("total", 0.0))
+            version = outcome.start_version
+        else:
+            ABORTED.labels(self.config.job, task.tag, outcome.reason).inc()
+            version = None
+        await ctx.produce("trajectories.completed", outcome, key=outcome.traj_id, policy_version=version)
+
+    # -- one turn, over the bus -----------------------------------------------------------------
+
     async def _generate(self, task: TaskSpec, traj_id: str, turn: int, builder: TrajectoryBuilder) -> GenerationResult:
-        sampling = self.config.env.sampling
-        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                max_tokens=sampling.max_tokens, stop_token_ids=self.chat.stop_token_ids)
         pool = await self.router.pool_for(task.tag, wait_s=self.config.env.pool_wait_s)
 
         def build(partition: int, attempt: int) -> GenerationRequest:
             return GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,
                                      group_id=task.group_id, tag=task.tag, pool=pool, prompt_ids=builder.tokens,
-                                     reply_partition=partition, owner=self.member, sampling=params,
+                                     reply_partition=partition, owner=self.member, sampling=self.sampling,
                                      created_at=time.time(), min_version=task.admitted_version)
 
         started = time.perf_counter()
@@ -264,6 +267,41 @@ class EnvManager:
             self._version = (value, time.monotonic())
         if value - start > alpha:
             raise TrajectoryAborted("stale")
+
+
+async def run_group(trajectories: TrajectoryRunner, task: TaskSpec,
+                    emit: Callable[[CompletedTrajectory | Abort], Awaitable[None]]) -> int:
+    """Run a group's ``group_size + redundancy`` trajectories concurrently, emitting each outcome as it
+    ends; once ``group_size`` completed the extras are cancelled and emitted as redundant aborts.
+    Returns how many completed (at most group_size are emitted as completions)."""
+    runners = {asyncio.create_task(trajectories.run(task, f"{task.group_id}-{i}")): f"{task.group_id}-{i}"
+               for i in range(task.group_size + task.redundancy)}
+    waiting, completed = set(runners), 0
+    try:
+        while waiting and completed < task.group_size:
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for runner in done:
+                outcome = runner.result()
+                if isinstance(outcome, CompletedTrajectory) and completed >= task.group_size:
+                    outcome = abort(task, outcome.traj_id, outcome.turns, "redundant")
+                if isinstance(outcome, CompletedTrajectory):
+                    completed += 1
+                await emit(outcome)
+        for runner in waiting:  # the group is complete: the extras are not needed
+            runner.cancel()
+        for runner in waiting:
+            try:
+                await runner
+            except asyncio.CancelledError:
+                pass
+            await emit(abort(task, runners[runner], 0, "redundant"))
+        return completed
+    except BaseException:  # revoked, shutting down, or a bug: the task is redelivered (or dead-lettered)
+        for runner in runners:
+            if not runner.done():
+                runner.cancel()
+                INTERRUPTED.labels(trajectories.config.job, task.tag).inc()
+        raise
 
 
 def _with_labels(task: TaskSpec, labels: dict[str, str]) -> TaskSpec:

@@ -67,6 +67,21 @@ def sources_from(config: RollartConfig) -> list[Source]:
             for tag, spec in config.tags.items() if spec.weight > 0]
 
 
+def task_spec(config: RollartConfig, sources: list[Source], n: int) -> TaskSpec:
+    """The n-th task group: a pure function of (feeder seed, n), so a restarted feeder repeats nothing
+    and the in-process loop of ``rollart bench time-to-quality`` sees the same tasks as a run."""
+    rng = random.Random(config.feeder.seed * 1_000_003 + n)
+    source = rng.choices(sources, weights=[s.weight for s in sources])[0]
+    prompt, labels = "", {}
+    if source.prompts:
+        prompt, answer = source.prompts[rng.randrange(len(source.prompts))]
+        labels = {"answer": answer}
+    cfg = config.feeder
+    return TaskSpec(group_id=f"{config.job}-g{n}", env=source.env, tag=source.tag, group_size=cfg.group_size,
+                    seed=rng.randrange(1 << 31), prompt=prompt, redundancy=cfg.redundancy, labels=labels,
+                    created_at=time.time())
+
+
 class Feeder:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
@@ -83,17 +98,7 @@ class Feeder:
         self._stop.set()
 
     def task(self, n: int) -> TaskSpec:
-        """The n-th task group: a pure function of (feeder seed, n), so a restart repeats nothing."""
-        rng = random.Random(self.config.feeder.seed * 1_000_003 + n)
-        source = rng.choices(self.sources, weights=[s.weight for s in self.sources])[0]
-        prompt, labels = "", {}
-        if source.prompts:
-            prompt, answer = source.prompts[rng.randrange(len(source.prompts))]
-            labels = {"answer": answer}
-        cfg = self.config.feeder
-        return TaskSpec(group_id=f"{self.config.job}-g{n}", env=source.env, tag=source.tag, group_size=cfg.group_size,
-                        seed=rng.randrange(1 << 31), prompt=prompt, redundancy=cfg.redundancy, labels=labels,
-                        created_at=time.time())
+        return task_spec(self.config, self.sources, n)
 
     async def released_count(self) -> int:
         """Groups released so far: the Redis counter, or (after Redis lost it) the log's highest group

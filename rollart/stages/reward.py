@@ -22,10 +22,10 @@ from prometheus_client import Counter, Histogram
 from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.config import RewardSpec, RollartConfig
 from rollart.envs.math import extract_answer
-from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, Int32Array, SamplingParams, \
-    ScoredTrajectory
-from rollart.rewards.http import HttpRewardClient, RewardCallFailed
-from rollart.rewards.rules import RULES, last_turn_tokens
+from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, Int32Array, SamplingParams
+from rollart.rewards.http import RewardCallFailed
+from rollart.rewards.rules import last_turn_tokens
+from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.runtime import Runtime, open_runtime, run_in_order
@@ -36,34 +36,22 @@ FAILURES = Counter("rollart_reward_failures_total", "Trajectories that could not
 SCORED = Counter("rollart_reward_scored_total", "Trajectories scored", ("job", "tag"))
 ABORTS_SEEN = Counter("rollart_reward_aborts_seen_total", "Aborted trajectories passed over", ("job", "tag", "reason"))
 
-DEFAULT_SPEC = RewardSpec()
-
-
 class RewardBridge:
     def __init__(self, runtime: Runtime, chat: ChatFormat):
         self.rt = runtime
         self.config: RollartConfig = runtime.config
         self.chat = chat
-        self._http: dict[str, HttpRewardClient] = {}
+        self.scorer = LocalScorer(chat)
         judges = [t.reward for t in self.config.tags.values() if t.reward.type == "judge"]
         self.judge = ReplyChannel(runtime, "rewards.judge", timeout_s=max(j.timeout_s for j in judges)) \
             if judges else None
-
-    def spec_for(self, tag: str) -> RewardSpec:
-        spec = self.config.tags.get(tag)
-        return spec.reward if spec is not None else DEFAULT_SPEC
-
-    def _client(self, tag: str, spec: RewardSpec) -> HttpRewardClient:
-        if tag not in self._http:
-            self._http[tag] = HttpRewardClient(spec)
-        return self._http[tag]
 
     async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
         message = envelope.message
         if isinstance(message, Abort):
             ABORTS_SEEN.labels(self.config.job, message.tag, message.reason).inc()
             return
-        spec = self.spec_for(message.tag)
+        spec = reward_spec(self.config, message.tag)
         started = time.perf_counter()
         try:
             reward, components = await self.score(message, spec)
@@ -72,27 +60,14 @@ class RewardBridge:
             raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}") from None
         LATENCY.labels(self.config.job, message.tag, spec.type).observe(time.perf_counter() - started)
         SCORED.labels(self.config.job, message.tag).inc()
-        scored = ScoredTrajectory(trajectory=message, reward=reward, reward_components=components,
-                                  scorer=spec.type if spec.type != "rule" else f"rule:{spec.rule}",
-                                  scored_at=time.time())
-        await ctx.produce("rewards.results", scored, key=message.group_id, policy_version=message.start_version)
+        await ctx.produce("rewards.results", scored_trajectory(message, reward, components, spec),
+                          key=message.group_id, policy_version=message.start_version)
 
     async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
-        components = {"env": trajectory.env_reward}
-        if spec.type == "rule":
-            final_text = self.chat.decode_action(last_turn_tokens(trajectory))
-            components.update(RULES[spec.rule](trajectory, final_text, format_penalty=spec.format_penalty))
-        elif spec.type == "judge":
-            components.update(await self._judge(trajectory, spec))
-            return components["judge"] + (trajectory.env_reward if spec.include_env_reward else 0.0), components
-        elif spec.type == "http":
-            reward, extra = await self._client(trajectory.tag, spec).score(self.payload(trajectory))
-            components.update(extra)
-            components["http"] = reward
-            total = reward + (trajectory.env_reward if spec.include_env_reward else 0.0)
-            return total, components
-        rule_part = sum(v for k, v in components.items() if k != "env")
-        return rule_part + (trajectory.env_reward if spec.include_env_reward or spec.type == "env" else 0.0), components
+        if spec.type != "judge":
+            return await self.scorer.score(trajectory, spec)
+        components = {"env": trajectory.env_reward, **await self._judge(trajectory, spec)}
+        return components["judge"] + (trajectory.env_reward if spec.include_env_reward else 0.0), components
 
     async def _judge(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> dict[str, float]:
         """Ask the judge pool for a 0..1 score of the final answer; unparseable verdicts score 0."""
@@ -119,18 +94,8 @@ class RewardBridge:
         except (TypeError, ValueError):
             return {"judge": 0.0, "judge_unparsed": 1.0}
 
-    def payload(self, trajectory: CompletedTrajectory) -> dict:
-        return {
-            "traj_id": trajectory.traj_id, "group_id": trajectory.group_id, "tag": trajectory.tag,
-            "env": trajectory.env, "text": self.chat.decode(trajectory.token_ids),
-            "final_text": self.chat.decode_action(last_turn_tokens(trajectory)), "turns": trajectory.turns,
-            "env_reward": trajectory.env_reward, "labels": dict(trajectory.labels),
-            "metrics": dict(trajectory.metrics),
-        }
-
     async def close(self) -> None:
-        for client in self._http.values():
-            await client.close()
+        await self.scorer.close()
 
 
 def reward_loops(rt: Runtime, bridge: RewardBridge):

@@ -228,7 +228,8 @@ class TrainerStage:
         self.state.step += 1
         trained_ids = [s.trajectory.traj_id for s in samples]
         self.recent.append(trained_ids)
-        row = self._record_row(samples, staleness, metrics, wait_s=wait_s, train_s=train_s)
+        row = step_record(step=self.state.step, version=self.version, samples=samples, staleness=staleness,
+                          metrics=metrics, wait_s=wait_s, train_s=train_s, buffer=self.buffer)
         self.checkpoints.append_record(row)  # before the checkpoint: a resume cuts rows it does not cover
         started = time.perf_counter()
         if self.state.step % cfg.checkpoint_every == 0 or (cfg.max_steps and self.state.step >= cfg.max_steps):
@@ -248,33 +249,6 @@ class TrainerStage:
         log.info("step %d: reward %.3f success %.2f staleness<=%d version %d (%.2fs train)", self.state.step,
                  row["reward_mean"], row["success_rate"], row["staleness_max"], self.version, train_s)
         return row
-
-    def _record_row(self, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict, *,
-                    wait_s: float, train_s: float) -> dict:
-        rewards = [s.reward for s in samples]
-        return {
-            "step": self.state.step, "trained_version": self.version, "time": time.time(),
-            "samples": len(samples), "groups": len({s.trajectory.group_id for s in samples}),
-            "reward_mean": sum(rewards) / len(rewards),
-            "success_rate": sum(s.trajectory.metrics.get("success", 0.0) for s in samples) / len(samples),
-            "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
-            "tokens": int(sum(sum(s.trajectory.loss_mask) for s in samples)),
-            "turns_mean": sum(s.trajectory.turns for s in samples) / len(samples),
-            "traj_ids": [s.trajectory.traj_id for s in samples],
-            # the batch's shape, so `rollart bench trainer-step` can time the same step alone
-            "lengths": [len(s.trajectory.token_ids) for s in samples],
-            "generated": [int(sum(s.trajectory.loss_mask)) for s in samples],
-            "torch_threads": _torch_threads(),
-            "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
-            "buffer_groups": len(self.buffer), "dropped": dict(self._dropped()),
-            "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
-        }
-
-    def _dropped(self) -> dict[str, int]:
-        st = self.buffer.stats
-        return {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,
-                "incomplete_groups": st.evicted_full_groups, "uninformative_groups": st.uninformative_groups,
-                "late_members": st.late_members}
 
     async def checkpoint(self) -> None:
         self.state.trained_ids = [i for ids in self.recent for i in ids]
@@ -307,6 +281,34 @@ class TrainerStage:
         keep_from = min([self.version - self.config.trainer.keep_versions + 1,
                          *await pulling_versions(self.rt.redis, prefix, job)])
         await asyncio.to_thread(self.publisher.collect, keep_from)
+
+
+def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict,
+                wait_s: float, train_s: float, buffer: SampleBuffer) -> dict:
+    """One row of the trainer's record (``record.jsonl``) for a trained batch; the in-process loop of
+    ``rollart bench time-to-quality`` writes the same rows, so both runs are read by one reader."""
+    rewards = [s.reward for s in samples]
+    st = buffer.stats
+    return {
+        "step": step, "trained_version": version, "time": time.time(),
+        "samples": len(samples), "groups": len({s.trajectory.group_id for s in samples}),
+        "reward_mean": sum(rewards) / len(rewards),
+        "success_rate": sum(s.trajectory.metrics.get("success", 0.0) for s in samples) / len(samples),
+        "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+        "tokens": int(sum(sum(s.trajectory.loss_mask) for s in samples)),
+        "turns_mean": sum(s.trajectory.turns for s in samples) / len(samples),
+        "traj_ids": [s.trajectory.traj_id for s in samples],
+        # the batch's shape, so `rollart bench trainer-step` can time the same step alone
+        "lengths": [len(s.trajectory.token_ids) for s in samples],
+        "generated": [int(sum(s.trajectory.loss_mask)) for s in samples],
+        "torch_threads": _torch_threads(),
+        "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
+        "buffer_groups": len(buffer),
+        "dropped": {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,
+                    "incomplete_groups": st.evicted_full_groups, "uninformative_groups": st.uninformative_groups,
+                    "late_members": st.late_members},
+        "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
+    }
 
 
 def _torch_threads() -> int | None:

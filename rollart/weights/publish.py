@@ -20,7 +20,7 @@ from rollart.messages import WeightBucket, WeightManifest
 from rollart.weights.buckets import pack_buckets
 from rollart.weights.transport import WeightTransport, WeightTransportError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -36,7 +36,7 @@ class WeightPublisher:
         started = time.perf_counter()
         buckets = []
         for i, (names, data) in enumerate(pack_buckets(state, bucket_bytes=self.bucket_bytes,
-                                                       dtype=_DTYPES[self.dtype])):
+                                                       dtype=WEIGHT_DTYPES[self.dtype])):
             key = f"{self.job}/v{version}/b{i}"
             self.transport.put(key, data)
             buckets.append(WeightBucket(key=key, nbytes=len(data), tensors=names))

@@ -117,3 +117,20 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
     with pytest.raises(ValueError, match="no step carries its batch shape"):
         await bench_trainer_step(config, tmp_path, run=tmp_path / "empty")
+
+
+def test_time_to_quality_finds_the_first_window_at_the_target():
+    from rollart.bench.time_to_quality import time_to_target
+
+    success = [0.0, 0.2, 0.5, 0.9, 1.0, 0.95, 1.0, 1.0]
+    rows = [{"step": i + 1, "time": 100.0 + 2 * i, "success_rate": s, "train_s": 1.0, "wait_s": 0.5}
+            for i, s in enumerate(success)]
+    rows.insert(2, {"event": "publish", "step": 2, "time": 103.0})
+    figures = time_to_target(rows, 90.0, target=0.9, window=3)
+    # windows of 3: ..., (0.9, 1.0, 0.95) at step 6 is the first with a mean >= 0.9
+    assert figures["steps_to_target"] == 6 and figures["seconds_to_target"] == 110.0 - 90.0
+    assert figures["first_step_s"] == 10.0 and figures["seconds_per_step"] == 2.0
+    never = time_to_target(rows, 90.0, target=0.99, window=3)
+    assert never["seconds_to_target"] is None and never["steps_to_target"] is None
+    with pytest.raises(ValueError, match="no training steps"):
+        time_to_target([{"event": "publish"}], 0.0, target=0.9, window=1)

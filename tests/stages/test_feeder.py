@@ -10,7 +10,7 @@ import pytest
 from rollart.bus.reader import read_to_end
 from rollart.messages import DEFAULT_CODEC
 from rollart.runtime import open_runtime
-from rollart.stages.feeder import Feeder, load_dataset
+from rollart.stages.feeder import Feeder, load_dataset, sources_from, task_spec
 from rollart.state import AdmissionCounters, VersionWriter
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
@@ -70,9 +70,11 @@ async def test_restarted_feeder_continues_where_it_stopped(endpoints):
         more = config.model_copy(update={"feeder": config.feeder.model_copy(update={"max_groups": 5})})
         rt.config = more
         assert await Feeder(rt).run() == 2
-        ids = [t.group_id for t in await _released(rt)]
-    assert ids == [f"{config.job}-g{i}" for i in range(5)], "no group repeated or skipped"
-    assert Feeder.task.__doc__  # the n-th task is a pure function of (seed, n)
+        released = await _released(rt)
+    assert [t.group_id for t in released] == [f"{config.job}-g{i}" for i in range(5)], "no group repeated or skipped"
+    # the n-th task is a pure function of (seed, n): computed again, it is the task released
+    again = [task_spec(config, sources_from(config), n) for n in range(5)]
+    assert [(t.group_id, t.env, t.seed) for t in again] == [(t.group_id, t.env, t.seed) for t in released]
 
 
 def test_bad_dataset_names_the_line(tmp_path):

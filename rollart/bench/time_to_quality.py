@@ -1,0 +1,91 @@
+"""``rollart bench time-to-quality``: the disaggregated loop against an in-process one, to a success rate.
+
+Two runs of the same job on the same cores, one after the other:
+
+* pipeline: ``rollart run`` — every stage its own process over the bus, rollout overlapping training
+  under the configured staleness bound (the demo: alpha = 1);
+* in-process: :mod:`rollart.job.inprocess` — the same model, engine, tasks, rewards, algorithm and batch,
+  generate-then-train in one process, no bus (alpha = 0 by construction).
+
+For each, the time (from the start of its stages, engine start-up included) and the step at which the
+success rate over the last ``window`` steps first reaches ``target``, and the success rate over the last
+20 steps. The headline is pipeline time ÷ in-process time to the target (the "Loop throughput" goal:
+≤ 1.0, i.e. disaggregation costs no learning time). A run that never reaches the target has no time;
+the ratio is then over the whole runs and says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rollart.config import RollartConfig
+
+LAST_STEPS = 20  # "learning as today": success over the last 20 steps
+
+
+def time_to_target(rows: list[dict], started_at: float, *, target: float, window: int) -> dict[str, Any]:
+    """When the mean success of the last ``window`` steps first reaches ``target``, from ``started_at``."""
+    rows = sorted((r for r in rows if "event" not in r), key=lambda r: r["step"])
+    if not rows:
+        raise ValueError("no training steps recorded")
+    reached = None
+    for i in range(window - 1, len(rows)):
+        if statistics.mean(r["success_rate"] for r in rows[i - window + 1:i + 1]) >= target:
+            reached = rows[i]
+            break
+    last = rows[-LAST_STEPS:]
+    steps_s = (rows[-1]["time"] - rows[0]["time"]) / max(1, len(rows) - 1)
+    return {"steps": len(rows), "first_step_s": rows[0]["time"] - started_at,
+            "seconds_to_target": None if reached is None else reached["time"] - started_at,
+            "steps_to_target": None if reached is None else reached["step"],
+            "seconds_total": rows[-1]["time"] - started_at, "seconds_per_step": steps_s,
+            "success_first_steps": statistics.mean(r["success_rate"] for r in rows[:LAST_STEPS]),
+            "success_last_steps": statistics.mean(r["success_rate"] for r in last),
+            "train_s_mean": statistics.mean(r["train_s"] for r in rows),
+            "wait_s_mean": statistics.mean(r["wait_s"] for r in rows)}
+
+
+async def _pipeline(job_yaml: Path, config: RollartConfig, out: Path, steps: int) -> tuple[list[dict], float]:
+    from rollart.job.run import RunOptions, run_job
+    from rollart.training.checkpoint import CheckpointStore
+
+    report = await run_job(job_yaml, config, RunOptions(steps=steps, out=out, timeout_s=7200))
+    return CheckpointStore(out / "checkpoints").read_record(), report["started_at"]
+
+
+async def _in_process(config: RollartConfig, out: Path, steps: int) -> tuple[list[dict], float]:
+    from rollart.job.inprocess import run_in_process
+
+    result = await run_in_process(config, out, steps)
+    return result["rows"], result["started_at"]
+
+
+async def bench_time_to_quality(config: RollartConfig, work_dir: Path, *, job_yaml: Path, steps: int = 150,
+                                target: float = 0.9, window: int = 5,
+                                order: tuple[str, ...] = ("in-process", "pipeline")) -> dict[str, Any]:
+    runs = {"pipeline": lambda: _pipeline(job_yaml, config, work_dir / "pipeline", steps),
+            "in-process": lambda: _in_process(config, work_dir / "in-process", steps)}
+    unknown = [m for m in order if m not in runs]
+    if unknown or len(set(order)) != len(order):
+        raise ValueError(f"order: each of {sorted(runs)} at most once (got {list(order)})")
+    rows = []
+    for mode in order:
+        record, started_at = await runs[mode]()
+        rows.append({"mode": mode, **time_to_target(record, started_at, target=target, window=window)})
+    by_mode = {r["mode"]: r for r in rows}
+    result: dict[str, Any] = {"benchmark": "time-to-quality", "target": target, "window_steps": window,
+                              "setup": {"steps": steps, "config": str(job_yaml), "alpha": config.feeder.alpha,
+                                        "batch": config.feeder.groups_per_batch * config.feeder.group_size},
+                              "rows": rows}
+    if len(by_mode) == 2:
+        pipe, local = by_mode["pipeline"], by_mode["in-process"]
+        both = pipe["seconds_to_target"] is not None and local["seconds_to_target"] is not None
+        key = "seconds_to_target" if both else "seconds_total"
+        result["speedup"] = pipe[key] / local[key]  # printed as the headline: pipeline over in-process
+        result["pipeline_over_in_process"] = result["speedup"]
+        result["measured_on"] = "time to target" if both else "whole runs (a run did not reach the target)"
+        if both:
+            result["steps_ratio"] = pipe["steps_to_target"] / local["steps_to_target"]
+    return result

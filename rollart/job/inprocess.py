@@ -1,0 +1,173 @@
+"""The in-process synchronous loop: generate a batch, score it, train on it, load the new weights, repeat
+— one process, no bus, no Redis. The baseline ``rollart bench time-to-quality`` holds the pipeline to.
+
+Everything that decides *what* is learned is the pipeline's own code: the feeder's task sequence
+(:func:`~rollart.stages.feeder.task_spec`), the env stage's trajectory runner and group rule, the
+reward bridge's local scorer, the trainer's sample buffer, collate, backend and record rows, and the
+engine's weight loading from staged buckets. What it leaves out is what disaggregation adds: topics,
+consumer groups, Redis, processes, and the overlap of rollout with training (alpha = 0 by
+construction: every turn of a batch comes from the weights trained on the batch before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rollart.config import RollartConfig
+from rollart.messages import Abort, CompletedTrajectory, GenerationRequest, GenerationResult, ScoredTrajectory, \
+    TaskSpec
+from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
+from rollart.rollout.chat import ChatFormat
+from rollart.rollout.trajectory import TrajectoryBuilder
+from rollart.stages.env import TrajectoryRunner, run_group, turn_sampling
+from rollart.stages.feeder import sources_from, task_spec
+from rollart.stages.trainer import step_record
+from rollart.training.buffer import SampleBuffer
+from rollart.training.checkpoint import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+MEMBER = "in-process"
+
+
+@dataclass
+class InProcessLoop:
+    config: RollartConfig
+    engine: object  # a started VLLMEngine (or anything with its generate / load_weights)
+    backend: object  # a training backend (build_backend)
+    chat: ChatFormat
+    pad_id: int
+    record: CheckpointStore  # rows go to its record.jsonl, as the trainer stage's do
+    staging: Path  # where each version's buckets are written for the engine to load
+    version: int = 0
+    groups_released: int = 0
+    buffer: SampleBuffer = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.buffer = SampleBuffer(group_size=cfg.feeder.group_size, groups_per_batch=cfg.feeder.groups_per_batch,
+                                   alpha=0, drop_uninformative=cfg.trainer.dynamic_sampling)
+        self.sources = sources_from(cfg)
+        self.scorer = LocalScorer(self.chat)
+        self.sampling = turn_sampling(cfg, self.chat)
+        self.pool = cfg.pools[0]
+        self.trajectories = TrajectoryRunner(cfg, self.chat, self._generate)
+
+    async def run(self, steps: int, progress: Callable[[dict], None] | None = None) -> list[dict]:
+        rows = []
+        try:
+            for step in range(1, steps + 1):
+                rows.append(await self.step(step))
+                if progress is not None:
+                    progress({**rows[-1], "target": steps})
+        finally:
+            await self.scorer.close()
+        return rows
+
+    async def step(self, step: int) -> dict:
+        started = time.perf_counter()
+        batch = await self._rollout()
+        rollout_s = time.perf_counter() - started
+        from rollart.training.torch_backend import collate
+
+        cfg = self.config.trainer
+        samples = [s for g in batch for s in g.members.values()]
+        staleness = [self.version - s.trajectory.start_version for s in samples]
+        started = time.perf_counter()
+        tensors = collate(samples, pad_id=self.pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step")
+        metrics = await asyncio.to_thread(self.backend.train_step, tensors)
+        train_s = time.perf_counter() - started
+        row = step_record(step=step, version=self.version, samples=samples, staleness=staleness, metrics=metrics,
+                          wait_s=rollout_s, train_s=train_s, buffer=self.buffer)
+        row["sync_s"] = round(await self._load_weights(), 6)
+        self.record.append_record(row)
+        log.info("step %d: reward %.3f success %.2f (%.2fs rollout, %.2fs train, %.2fs weights)", step,
+                 row["reward_mean"], row["success_rate"], rollout_s, train_s, row["sync_s"])
+        return row
+
+    async def _rollout(self):
+        """Run groups until the buffer yields a batch (incomplete and, with dynamic sampling,
+        uninformative groups are replaced by new ones, as the feeder's admission would)."""
+        while True:
+            self.buffer.drop_uninformative_groups()
+            batch = self.buffer.take_batch(self.version)
+            if batch is not None:
+                return batch
+            while self.buffer.evict_oldest_incomplete() is not None:
+                pass  # every group has ended: one short of members had some aborted, and cannot complete
+            missing = self.buffer.groups_per_batch - len(self.buffer.complete_groups())
+            tasks = [task_spec(self.config, self.sources, self.groups_released + i) for i in range(missing)]
+            self.groups_released += missing
+            await asyncio.gather(*(self._run_group(task) for task in tasks))
+
+    async def _run_group(self, task: TaskSpec) -> None:
+        async def emit(outcome: CompletedTrajectory | Abort) -> None:
+            if isinstance(outcome, CompletedTrajectory):
+                self.buffer.add(await self._score(outcome))
+
+        await run_group(self.trajectories, task, emit)
+
+    async def _score(self, trajectory: CompletedTrajectory) -> ScoredTrajectory:
+        spec = reward_spec(self.config, trajectory.tag)
+        reward, components = await self.scorer.score(trajectory, spec)
+        return scored_trajectory(trajectory, reward, components, spec)
+
+    async def _generate(self, task: TaskSpec, traj_id: str, turn: int, builder: TrajectoryBuilder) -> GenerationResult:
+        request = GenerationRequest(traj_id=traj_id, turn=turn, episode=builder.episode, group_id=task.group_id,
+                                    tag=task.tag, pool=self.pool, prompt_ids=builder.tokens, reply_partition=0,
+                                    owner=MEMBER, sampling=self.sampling, created_at=time.time())
+        result = await self.engine.generate(request)
+        builder.add_time("generation", result.latency_s)
+        return result
+
+    async def _load_weights(self) -> float:
+        """The trained weights into the engine, through the same staged buckets a generation consumer
+        loads (written here, not pulled: there is no other process to hand them to)."""
+        from rollart.weights.buckets import pack_buckets
+        from rollart.weights.publish import WEIGHT_DTYPES
+
+        started = time.perf_counter()
+        self.version += 1
+        target = self.staging / f"v{self.version}"
+        target.mkdir(parents=True, exist_ok=True)
+        buckets = await asyncio.to_thread(pack_buckets, self.backend.state_dict(),
+                                          bucket_bytes=self.config.weights.bucket_bytes,
+                                          dtype=WEIGHT_DTYPES[self.config.weights.dtype])
+        for i, (_, data) in enumerate(buckets):
+            (target / f"bucket-{i:05d}.safetensors").write_bytes(data)
+        await self.engine.load_weights(target, self.version)
+        shutil.rmtree(self.staging / f"v{self.version - 1}", ignore_errors=True)
+        return time.perf_counter() - started
+
+
+async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
+                         progress: Callable[[dict], None] | None = None) -> dict:
+    """Start an engine and a backend, run ``steps`` synchronous steps; returns timings and the rows.
+    ``started_at`` is before the engine starts (the pipeline's run also pays its engine start)."""
+    from transformers import AutoTokenizer
+
+    from rollart.engines.vllm_engine import VLLMEngine
+    from rollart.models.tiny import ensure_model
+    from rollart.stages.trainer import build_backend
+
+    model = await asyncio.to_thread(ensure_model, config.model)
+    record = CheckpointStore(out / "checkpoints")
+    shutil.rmtree(record.root, ignore_errors=True)
+    started_at = time.time()
+    engine = await VLLMEngine(model, config.generation).start()
+    try:
+        backend = await asyncio.to_thread(build_backend, config)
+        chat = ChatFormat.from_pretrained(model)
+        pad_id = AutoTokenizer.from_pretrained(str(model)).pad_token_id
+        loop = InProcessLoop(config, engine, backend, chat, pad_id, record, out / "staging")
+        ready_at = time.time()
+        rows = await loop.run(steps, progress)
+    finally:
+        engine.shutdown()
+    return {"started_at": started_at, "ready_at": ready_at, "finished_at": time.time(), "rows": rows}

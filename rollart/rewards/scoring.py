@@ -1,0 +1,70 @@
+"""Scoring a completed trajectory where it is: the env's own reward, a local rule, or an HTTP function.
+
+The reward bridge scores with this (and asks an LLM judge over the bus itself); the in-process loop
+of ``rollart bench time-to-quality`` scores with it directly, so both compute the same rewards.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rollart.config import RewardSpec, RollartConfig
+from rollart.messages import CompletedTrajectory, ScoredTrajectory
+from rollart.rewards.http import HttpRewardClient
+from rollart.rewards.rules import RULES, last_turn_tokens
+
+DEFAULT_SPEC = RewardSpec()
+
+
+def reward_spec(config: RollartConfig, tag: str) -> RewardSpec:
+    spec = config.tags.get(tag)
+    return spec.reward if spec is not None else DEFAULT_SPEC
+
+
+def scored_trajectory(trajectory: CompletedTrajectory, reward: float, components: dict[str, float],
+                      spec: RewardSpec) -> ScoredTrajectory:
+    return ScoredTrajectory(trajectory=trajectory, reward=reward, reward_components=components,
+                            scorer=spec.type if spec.type != "rule" else f"rule:{spec.rule}", scored_at=time.time())
+
+
+class LocalScorer:
+    """``env``, ``rule`` and ``http`` rewards (one HTTP client per tag, kept open)."""
+
+    def __init__(self, chat):
+        self.chat = chat
+        self._http: dict[str, HttpRewardClient] = {}
+
+    async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
+        """``(reward, components)``; the env reward is always a component, and part of the reward for
+        ``env`` or when ``include_env_reward``. Raises RewardCallFailed or ValueError when it cannot."""
+        components = {"env": trajectory.env_reward}
+        env_part = trajectory.env_reward if spec.include_env_reward or spec.type == "env" else 0.0
+        if spec.type == "rule":
+            final_text = self.chat.decode_action(last_turn_tokens(trajectory))
+            components.update(RULES[spec.rule](trajectory, final_text, format_penalty=spec.format_penalty))
+        elif spec.type == "http":
+            reward, extra = await self._client(trajectory.tag, spec).score(self.payload(trajectory))
+            components.update(extra)
+            components["http"] = reward
+            return reward + (trajectory.env_reward if spec.include_env_reward else 0.0), components
+        elif spec.type != "env":
+            raise ValueError(f"reward type {spec.type!r} needs the bus (an LLM judge is a generation pool)")
+        return sum(v for k, v in components.items() if k != "env") + env_part, components
+
+    def _client(self, tag: str, spec: RewardSpec) -> HttpRewardClient:
+        if tag not in self._http:
+            self._http[tag] = HttpRewardClient(spec)
+        return self._http[tag]
+
+    def payload(self, trajectory: CompletedTrajectory) -> dict:
+        return {
+            "traj_id": trajectory.traj_id, "group_id": trajectory.group_id, "tag": trajectory.tag,
+            "env": trajectory.env, "text": self.chat.decode(trajectory.token_ids),
+            "final_text": self.chat.decode_action(last_turn_tokens(trajectory)), "turns": trajectory.turns,
+            "env_reward": trajectory.env_reward, "labels": dict(trajectory.labels),
+            "metrics": dict(trajectory.metrics),
+        }
+
+    async def close(self) -> None:
+        for client in self._http.values():
+            await client.close()

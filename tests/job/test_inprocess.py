@@ -1,0 +1,48 @@
+"""The in-process loop (the baseline of ``rollart bench time-to-quality``) on the session's vLLM engine:
+its batches come from the feeder's task sequence and the weights it just trained, and the engine
+holds those weights after each step. The engine gets its original weights back at the end."""
+
+from __future__ import annotations
+
+import torch
+
+from rollart.config import build_config
+from rollart.job.inprocess import InProcessLoop
+from rollart.training.checkpoint import CheckpointStore
+from rollart.training.torch_backend import TorchBackend
+from rollart.weights.buckets import pack_buckets
+from tests.stages.test_weight_sync import _logprob_gap
+
+
+async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engine, tiny_model, chat, tmp_path):
+    config = build_config({
+        "job": "inproc", "model": {"path": str(tiny_model)},
+        "feeder": {"group_size": 4, "groups_per_batch": 2},
+        "env": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
+        "trainer": {"micro_batch": 8, "lr": 1e-2},
+        "tags": {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}},
+    })
+    backend = TorchBackend(tiny_model, lr=1e-2, micro_batch=8)
+    original = {k: v.clone() for k, v in backend.state_dict().items()}
+    record = CheckpointStore(tmp_path / "checkpoints")
+    loop = InProcessLoop(config, engine, backend, chat, chat.tokenizer.pad_token_id, record, tmp_path / "staging")
+    try:
+        rows = await loop.run(2)
+        assert [r["step"] for r in rows] == [1, 2]
+        assert [r["trained_version"] for r in rows] == [0, 1], "each batch from the weights trained before it"
+        assert all(r["samples"] == 8 and r["groups"] == 2 and r["staleness_max"] == 0 for r in rows)
+        assert [r["step"] for r in record.read_record()] == [1, 2], "the trainer's record format"
+        groups = {i.rsplit("-", 1)[0] for r in rows for i in r["traj_ids"]}
+        assert groups == {f"inproc-g{n}" for n in range(4)}, "the feeder's task sequence, no group twice"
+        assert all(r["sync_s"] > 0 and r["wait_s"] > 0 for r in rows)
+        assert engine.version == 2
+        assert any(not torch.equal(original[k], v) for k, v in backend.state_dict().items()), "it trained"
+        gap, versions = await _logprob_gap(engine, backend, chat)
+        assert set(versions) == {2} and gap < 2e-3, f"the engine serves the trained weights (gap {gap})"
+        assert not (tmp_path / "staging" / "v1").exists(), "a loaded version's staging is removed"
+    finally:
+        restore = tmp_path / "restore"
+        restore.mkdir()
+        for i, (_, data) in enumerate(pack_buckets(original, bucket_bytes=32 << 20)):
+            (restore / f"bucket-{i:05d}.safetensors").write_bytes(data)
+        await engine.load_weights(restore, 0)
