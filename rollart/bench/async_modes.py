@@ -76,7 +76,6 @@ async def bench_async(config: RollartConfig, work_dir: Path, *, job_yaml: Path |
     base.setdefault("feeder", {"group_size": 8, "groups_per_batch": 4})
     base.setdefault("env", {"max_groups": 8, "sampling": {"temperature": 1.0, "max_tokens": 4}})
     base.setdefault("trainer", {"micro_batch": 32})
-    base.setdefault("bus", {"fetch_max_wait_ms": 5})
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; choose from {list(MODES)}")

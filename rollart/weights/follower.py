@@ -130,7 +130,8 @@ class WeightFollower:
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def _watch(self) -> None:
-        consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=20,
+        consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest",
+                                    fetch_max_wait_ms=self.config.bus.fetch_max_wait_ms,
                                     client_id=f"{self.member}-versions",
                                     **kafka_client_kwargs(self.config.kafka, self.rt.endpoints.kafka_bootstrap))
         await consumer.start()
