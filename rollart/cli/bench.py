@@ -181,12 +181,16 @@ def register(bench_app: typer.Typer) -> None:
         """Time to a success rate: the pipeline (rollart run) against an in-process generate-then-train loop."""
         from rollart.bench.time_to_quality import bench_time_to_quality
 
-        result = run_benchmark(config, out, bench_time_to_quality,
-                               ["mode", "seconds_to_target", "steps_to_target", "seconds_per_step", "first_step_s",
-                                "success_last_steps", "train_s_mean", "wait_s_mean"],
-                               f"pipeline time over in-process time to {target:.0%} success", job_yaml=config,
-                               steps=steps, target=target, window=window,
-                               order=tuple(m.strip() for m in order.split(",") if m.strip()))
+        try:
+            result = run_benchmark(config, out, bench_time_to_quality,
+                                   ["mode", "seconds_to_target", "steps_to_target", "seconds_per_step",
+                                    "first_step_s", "success_last_steps", "train_s_mean", "wait_s_mean"],
+                                   f"pipeline time over in-process time to {target:.0%} success", job_yaml=config,
+                                   steps=steps, target=target, window=window,
+                                   order=tuple(m.strip() for m in order.split(",") if m.strip()))
+        except ValueError as exc:  # --order names an unknown run (checked before anything starts)
+            Console(stderr=True).print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
         if "measured_on" in result:
             console.print(f"measured on: {result['measured_on']}")
 
