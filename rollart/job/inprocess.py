@@ -27,7 +27,7 @@ from rollart.rollout.chat import ChatFormat
 from rollart.rollout.trajectory import TrajectoryBuilder
 from rollart.stages.env import TrajectoryRunner, run_group, turn_sampling
 from rollart.stages.feeder import sources_from, task_spec
-from rollart.stages.trainer import step_record
+from rollart.stages.trainer import step_record, train_groups
 from rollart.training.buffer import SampleBuffer
 from rollart.training.checkpoint import CheckpointStore
 
@@ -74,15 +74,8 @@ class InProcessLoop:
         started = time.perf_counter()
         batch = await self._rollout()
         rollout_s = time.perf_counter() - started
-        from rollart.training.torch_backend import collate
-
-        cfg = self.config.trainer
-        samples = [s for g in batch for s in g.members.values()]
-        staleness = [self.version - s.trajectory.start_version for s in samples]
-        started = time.perf_counter()
-        tensors = collate(samples, pad_id=self.pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step")
-        metrics = await asyncio.to_thread(self.backend.train_step, tensors)
-        train_s = time.perf_counter() - started
+        samples, staleness, metrics, train_s = await train_groups(self.backend, batch, self.config,
+                                                                  version=self.version, pad_id=self.pad_id)
         row = step_record(step=step, version=self.version, samples=samples, staleness=staleness, metrics=metrics,
                           wait_s=rollout_s, train_s=train_s, buffer=self.buffer)
         row["sync_s"] = round(await self._load_weights(), 6)
@@ -129,18 +122,15 @@ class InProcessLoop:
     async def _load_weights(self) -> float:
         """The trained weights into the engine, through the same staged buckets a generation consumer
         loads (written here, not pulled: there is no other process to hand them to)."""
-        from rollart.weights.buckets import pack_buckets
+        from rollart.weights.buckets import stage_state
         from rollart.weights.publish import WEIGHT_DTYPES
 
         started = time.perf_counter()
         self.version += 1
         target = self.staging / f"v{self.version}"
-        target.mkdir(parents=True, exist_ok=True)
-        buckets = await asyncio.to_thread(pack_buckets, self.backend.state_dict(),
-                                          bucket_bytes=self.config.weights.bucket_bytes,
-                                          dtype=WEIGHT_DTYPES[self.config.weights.dtype])
-        for i, (_, data) in enumerate(buckets):
-            (target / f"bucket-{i:05d}.safetensors").write_bytes(data)
+        await asyncio.to_thread(stage_state, self.backend.state_dict(), target,
+                                bucket_bytes=self.config.weights.bucket_bytes,
+                                dtype=WEIGHT_DTYPES[self.config.weights.dtype])
         await self.engine.load_weights(target, self.version)
         shutil.rmtree(self.staging / f"v{self.version - 1}", ignore_errors=True)
         return time.perf_counter() - started

@@ -216,15 +216,9 @@ class TrainerStage:
         VERSION.labels(*self.labels).set(self.version)
 
     async def train_on(self, groups: list[Group], *, wait_s: float) -> dict:
-        from rollart.training.torch_backend import collate
-
         cfg = self.config.trainer
-        samples = [s for g in groups for s in g.members.values()]
-        staleness = [self.version - s.trajectory.start_version for s in samples]
-        started = time.perf_counter()
-        batch = collate(samples, pad_id=self.pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step")
-        metrics = await asyncio.to_thread(self.backend.train_step, batch)
-        train_s = time.perf_counter() - started
+        samples, staleness, metrics, train_s = await train_groups(self.backend, groups, self.config,
+                                                                  version=self.version, pad_id=self.pad_id)
         self.state.step += 1
         trained_ids = [s.trajectory.traj_id for s in samples]
         self.recent.append(trained_ids)
@@ -281,6 +275,21 @@ class TrainerStage:
         keep_from = min([self.version - self.config.trainer.keep_versions + 1,
                          *await pulling_versions(self.rt.redis, prefix, job)])
         await asyncio.to_thread(self.publisher.collect, keep_from)
+
+
+async def train_groups(backend, groups: list[Group], config: RollartConfig, *, version: int,
+                       pad_id: int) -> tuple[list[ScoredTrajectory], list[int], dict, float]:
+    """One optimiser step on ``groups`` (collate, then the backend in a thread): the samples, their
+    staleness against ``version``, the backend's metrics and the seconds it took."""
+    from rollart.training.torch_backend import collate
+
+    cfg = config.trainer
+    samples = [s for g in groups for s in g.members.values()]
+    staleness = [version - s.trajectory.start_version for s in samples]
+    started = time.perf_counter()
+    batch = collate(samples, pad_id=pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step")
+    metrics = await asyncio.to_thread(backend.train_step, batch)
+    return samples, staleness, metrics, time.perf_counter() - started
 
 
 def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict,

@@ -38,6 +38,21 @@ def pack_buckets(state: Mapping[str, torch.Tensor], *, bucket_bytes: int,
     return buckets
 
 
+def staged_name(index: int) -> str:
+    """A staged bucket's file name; :func:`read_staged` reads them in this order."""
+    return f"bucket-{index:05d}.safetensors"
+
+
+def stage_state(state: Mapping[str, torch.Tensor], directory: str | Path, *, bucket_bytes: int,
+                dtype: torch.dtype | None = None) -> Path:
+    """Write ``state`` as staged buckets into ``directory`` (what an engine loads), without a transport."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, (_, data) in enumerate(pack_buckets(state, bucket_bytes=bucket_bytes, dtype=dtype)):
+        (directory / staged_name(i)).write_bytes(data)
+    return directory
+
+
 def read_staged(directory: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Every ``(name, tensor)`` of the bucket files staged in ``directory``, in bucket order."""
     for path in sorted(Path(directory).glob("bucket-*.safetensors")):

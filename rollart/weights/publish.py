@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rollart.messages import WeightBucket, WeightManifest
-from rollart.weights.buckets import pack_buckets
+from rollart.weights.buckets import pack_buckets, staged_name
 from rollart.weights.transport import WeightTransport, WeightTransportError
 
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,7 +71,7 @@ def pull_version(transport: WeightTransport, manifest: WeightManifest, version: 
         data = transport.get(bucket.key)
         if len(data) != bucket.nbytes:
             raise WeightTransportError(f"bucket {bucket.key}: {len(data)} bytes, manifest says {bucket.nbytes}")
-        (partial / f"bucket-{i:05d}.safetensors").write_bytes(data)
+        (partial / staged_name(i)).write_bytes(data)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return target

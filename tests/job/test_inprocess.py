@@ -10,7 +10,7 @@ from rollart.config import build_config
 from rollart.job.inprocess import InProcessLoop
 from rollart.training.checkpoint import CheckpointStore
 from rollart.training.torch_backend import TorchBackend
-from rollart.weights.buckets import pack_buckets
+from rollart.weights.buckets import stage_state
 from tests.stages.test_weight_sync import _logprob_gap
 
 
@@ -41,8 +41,4 @@ async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engin
         assert set(versions) == {2} and gap < 2e-3, f"the engine serves the trained weights (gap {gap})"
         assert not (tmp_path / "staging" / "v1").exists(), "a loaded version's staging is removed"
     finally:
-        restore = tmp_path / "restore"
-        restore.mkdir()
-        for i, (_, data) in enumerate(pack_buckets(original, bucket_bytes=32 << 20)):
-            (restore / f"bucket-{i:05d}.safetensors").write_bytes(data)
-        await engine.load_weights(restore, 0)
+        await engine.load_weights(stage_state(original, tmp_path / "restore", bucket_bytes=32 << 20), 0)
