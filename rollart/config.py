@@ -135,6 +135,10 @@ class TrainerConfig(Section):
     kl_coef: float = Field(default=0.0, ge=0)  # KL to the initial (reference) policy
     entropy_coef: float = Field(default=0.0, ge=0)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal before forming a batch
+    # Partial groups: a group that cannot fill (its replacements ran out, a reward dead-lettered) trains
+    # with the members it has when at least this many were scored (advantages over those present), or
+    # is dropped with the reason incomplete_group. None: feeder.group_size (only full groups train).
+    min_group_size: int | None = Field(default=None, ge=1)
     samples: Literal["trajectory", "step"] = "trajectory"  # whole-trajectory samples, or one per LLM turn
     max_steps: int | None = Field(default=None, ge=1)  # stop after this many steps (None: run until stopped)
     checkpoint_dir: Path = Path(".rollart/checkpoints")
@@ -218,6 +222,10 @@ class RoutingConfig(Section):
 class FeederConfig(Section):
     group_size: int = Field(default=4, ge=1)
     redundancy: int = Field(default=0, ge=0)  # extra rollouts per group, aborted once group_size completed
+    # Replacement rollouts on demand: a member that ends for a fault (env reset/step failure or timeout,
+    # generation timeout, ownership lost) is replaced by a fresh trajectory of the same task, at most
+    # this many per group, so a group completes unless its environment is persistently broken.
+    max_replacements: int = Field(default=4, ge=0)
     groups_per_batch: int = Field(default=4, ge=1)
     alpha: int | None = Field(default=1, ge=0)  # staleness bound; None: no bound (rollout without a trainer)
     # stream: release a group whenever the bound allows (rollart). batch: release a batch's groups
@@ -362,6 +370,17 @@ class RollartConfig(BaseSettings):
         if self.bus.processing_guarantee == "exactly_once" and self.kafka.broker == "tansu":
             raise ValueError(TANSU_HAS_NO_TRANSACTIONS)
         return self
+
+    @model_validator(mode="after")
+    def _check_min_group_size(self) -> "RollartConfig":
+        if (self.trainer.min_group_size or 0) > self.feeder.group_size:
+            raise ValueError(f"trainer.min_group_size {self.trainer.min_group_size} is more than feeder.group_size "
+                             f"{self.feeder.group_size}")
+        return self
+
+    def min_group_size(self) -> int:
+        """The fewest scored members a group trains with (``trainer.min_group_size``, default the group)."""
+        return self.trainer.min_group_size or self.feeder.group_size
 
     @model_validator(mode="after")
     def _check_kafka_users(self) -> "RollartConfig":

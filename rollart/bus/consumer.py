@@ -62,7 +62,15 @@ PartitionsCallback = Callable[[set[TopicPartition]], Awaitable[None]]
 
 
 class PermanentError(Exception):
-    """Raised by a handler for a message that can never succeed: dead-letter it without retrying."""
+    """Raised by a handler for a message that can never succeed: dead-letter it without retrying.
+
+    ``notify``: outputs ``(topic, message, key)`` produced with the dead-letter (in its transaction,
+    if the loop has one), for a downstream stage that must know the message will not come (the
+    trainer, of a trajectory whose reward failed)."""
+
+    def __init__(self, message: str, *, notify: Sequence[tuple[str, Any, str | None]] = ()):
+        super().__init__(message)
+        self.notify = list(notify)
 
 
 @dataclass
@@ -337,6 +345,7 @@ class ConsumerLoop:
             error, outputs = await self._handle_with_retries(envelope, record, topic, labels)
             if error is not None:
                 await self._dead_letter(record, labels, error, "")
+                outputs = await self._notify(outputs)
             if self.dedup is not None:
                 self.dedup.mark(message_id)
         finally:
@@ -367,9 +376,17 @@ class ConsumerLoop:
                 error = f"handler: {type(exc).__name__}: {exc}"
                 if isinstance(exc, PermanentError) or attempt == attempts:
                     log.warning("%s failed on %s (attempt %d): %s", self.group, envelope.message_id, attempt, error)
-                    return error, []
+                    notify = exc.notify if isinstance(exc, PermanentError) else []
+                    return error, [(topic, message, {"key": key}) for topic, message, key in notify]
                 await asyncio.sleep(self.config.bus.retry_backoff_s * 2 ** (attempt - 1))
         return "unreachable", []  # pragma: no cover
+
+    async def _notify(self, outputs: list[tuple[str, Any, dict[str, Any]]]) -> list[tuple[str, Any, dict[str, Any]]]:
+        """A dead-letter's notifications: deferred into the transaction, or produced and acked now."""
+        if self.transaction is not None or not outputs:
+            return outputs
+        await asyncio.gather(*[await self.producer.send(topic, message, **options) for topic, message, options in outputs])
+        return []
 
     async def _dead_letter(self, record: ConsumerRecord, labels: tuple[str, ...], error: str, field: str) -> None:
         await self.dlq.send(record, error, field)

@@ -2,12 +2,14 @@
 
 Read from the topics and the trainer's record, never from Redis (it may have been flushed):
 
-* every trajectory of every group whose task the env group committed either completed or was
-  aborted with a reason (``lost`` otherwise); a group whose task is not committed was in flight when
+* every trajectory of every group whose task the env group committed (its members and the
+  replacements started for faulted ones) either completed or was aborted with a reason (``lost``
+  otherwise); a group whose task is not committed was in flight when
   the run stopped and would be rerun — not lost;
 * every completed trajectory the reward group committed past was scored or dead-lettered;
 * no trajectory was trained twice, none beyond the staleness bound;
 * every injected bad record is in its topic's DLQ (matched by source topic, partition and offset);
+* no stall: the longest time without a training step stays under the stall limit;
 * ``duplicates_produced``: per topic, records whose message id an earlier record already carried
   (a stage killed after producing, before committing, produces again on redelivery). Under
   at-least-once they are expected, and de-duplicated by id downstream (nothing is trained twice).
@@ -37,6 +39,7 @@ class Audit:
     trajectories_completed: int = 0
     trajectories_aborted: dict[str, int] = field(default_factory=dict)  # by reason
     trajectories_lost: list[str] = field(default_factory=list)
+    replacements: int = 0  # replacement rollouts started for members ended by a fault
     unscored: list[str] = field(default_factory=list)  # completed, committed by reward, neither scored nor DLQ'd
     scored: int = 0
     reward_dead_lettered: int = 0
@@ -47,14 +50,20 @@ class Audit:
     bad_injected: int = 0
     bad_not_in_dlq: list[str] = field(default_factory=list)
     duplicates_produced: dict[str, int] = field(default_factory=dict)  # logical topic -> extra copies
+    longest_stall_s: float = 0.0  # the longest time without a training step, from the first one to the end
+    stall_limit_s: float | None = None
+
+    @property
+    def stalled(self) -> bool:
+        return self.stall_limit_s is not None and self.longest_stall_s > self.stall_limit_s
 
     @property
     def holds(self) -> bool:
         return not (self.trajectories_lost or self.unscored or self.duplicates_trained or self.over_staleness
-                    or self.bad_not_in_dlq)
+                    or self.bad_not_in_dlq or self.stalled)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "holds": self.holds}
+        return {**self.__dict__, "stalled": self.stalled, "holds": self.holds}
 
 
 async def _messages(config: RollartConfig, endpoints: Endpoints, topic: str) -> list[tuple[Any, Any]]:
@@ -79,8 +88,9 @@ def _committed(rows, group: str, topic: str) -> dict[int, int]:
 
 
 async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[dict], alpha: int | None,
-                    injected: list[Injected]) -> Audit:
-    audit = Audit()
+                    injected: list[Injected], *, stall_limit_s: float | None = None,
+                    ended_at: float | None = None) -> Audit:
+    audit = Audit(stall_limit_s=stall_limit_s)
     lag = await consumer_lag(config, endpoints)
     tasks = await _messages(config, endpoints, "tasks")
     completions = await _messages(config, endpoints, "trajectories.completed")
@@ -94,6 +104,7 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
     completed = [(r, m) for r, m in completions if isinstance(m, CompletedTrajectory)]
     _audit_rewards(audit, completed, scored, dead, _committed(lag, "reward", "trajectories.completed"))
     _audit_training(audit, record, alpha)
+    audit.longest_stall_s = longest_stall(record, ended_at)
     audit.bad_injected = len(injected)
     audit.bad_not_in_dlq = [f"{i.topic}[{i.partition}]@{i.offset} ({i.what})" for i in injected
                             if (i.topic, i.partition, i.offset) not in dead]
@@ -120,11 +131,14 @@ def _audit_rewards(audit: Audit, completed, scored: set[str], dead: set[tuple[st
 def _audit_trajectories(audit: Audit, tasks, completions, task_committed: dict[int, int]) -> None:
     ended: dict[str, str] = {}
     aborted: Counter = Counter()
+    replacements: dict[str, list[str]] = {}  # group id -> replacement rollouts started in it
     for _, m in completions:
         if isinstance(m, CompletedTrajectory):
             ended.setdefault(m.traj_id, "completed")
         elif isinstance(m, Abort) and m.traj_id not in ended:
             ended[m.traj_id] = f"aborted: {m.reason}"
+            if m.replacement:
+                replacements.setdefault(m.group_id, []).append(m.replacement)
     for status in ended.values():
         if status == "completed":
             audit.trajectories_completed += 1
@@ -140,9 +154,18 @@ def _audit_trajectories(audit: Audit, tasks, completions, task_committed: dict[i
         if record.offset >= task_committed.get(record.partition, 0):
             continue  # in flight at the stop: its task is redelivered to whoever runs the env stage next
         audit.groups_settled += 1
-        for i in range(task.group_size + task.redundancy):
-            if f"{task.group_id}-{i}" not in ended:
-                audit.trajectories_lost.append(f"{task.group_id}-{i}")
+        members = [f"{task.group_id}-{i}" for i in range(task.group_size + task.redundancy)]
+        for traj_id in members + replacements.get(task.group_id, []):
+            if traj_id not in ended:
+                audit.trajectories_lost.append(traj_id)
+    audit.replacements = sum(len(r) for r in replacements.values())
+
+
+def longest_stall(record: list[dict], ended_at: float | None) -> float:
+    """The longest time between training steps (and from the last one to ``ended_at``): a run that
+    stalls trains nothing for minutes while every fault still reads "survived"."""
+    times = [row["time"] for row in record if "event" not in row] + ([ended_at] if ended_at else [])
+    return round(max((b - a for a, b in zip(times, times[1:])), default=0.0), 3)
 
 
 def _audit_training(audit: Audit, record: list[dict], alpha: int | None) -> None:

@@ -9,6 +9,10 @@ one every ``interval_s`` once training runs: ``kill`` (SIGKILL a random stage pr
 ``redis-flush`` (delete the job's Redis keys), ``bad-messages`` (undecodable, unknown-kind and
 oversized records into every consumed topic). Recovery time of a fault = until the next training
 step is recorded after it.
+
+Goodput: trajectories trained per minute under the faults beside the same job's fault-free rate,
+measured first on the same stack (``baseline_steps``): ``goodput_ratio``. The audit fails a run that
+trained nothing for longer than ``stall_limit_s``.
 """
 
 from __future__ import annotations
@@ -61,7 +65,6 @@ def chaos_job(base: dict[str, Any], faults: set[str], reward_url: str | None) ->
     env = data.setdefault("env", {})
     env.setdefault("step_timeout_s", 2.0)
     feeder = data.setdefault("feeder", {})
-    feeder.setdefault("redundancy", 2)  # groups still complete when a rollout is lost to a fault
     # Crashes and flushes leave the admission counters over-counted (see feeder.starvation_release_s);
     # a short fuse keeps a short campaign moving.
     feeder.setdefault("starvation_release_s", 5.0)
@@ -140,12 +143,7 @@ class ChaosDriver:
             await asyncio.sleep(0.2)
 
 
-async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, out: Path, interval_s: float = 20.0,
-                    seed: int = 0, schedule: list[str] | None = None) -> dict[str, Any]:
-    from rollart.job.run import RunOptions, run_job
-    from rollart.rollout.runner import job_endpoints
-    from rollart.training.checkpoint import CheckpointStore
-
+def check_faults(faults: set[str], schedule: list[str] | None) -> None:
     unknown = faults - set(FAULTS)
     for entry in schedule or ():
         kind, _, stage = entry.partition(":")
@@ -154,6 +152,46 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)} "
                          f"(a schedule may name kill:<{'|'.join((*inject.KILLABLE, inject.BROKER))}>)")
+
+
+def trained_per_minute(record: list[dict]) -> float | None:
+    """Trajectories trained per minute from the first training step to the last (start-up excluded:
+    goodput is about the loop, not how long the engines took to load)."""
+    steps = [row for row in record if "event" not in row]
+    if len(steps) < 2 or steps[-1]["time"] <= steps[0]["time"]:
+        return None
+    return 60.0 * sum(row["samples"] for row in steps[1:]) / (steps[-1]["time"] - steps[0]["time"])
+
+
+def with_stack(data: dict[str, Any], endpoints) -> dict[str, Any]:
+    """The job config pointed at the campaign's stack."""
+    data = {**data, "kafka": {**data.get("kafka", {}), "bootstrap": endpoints.kafka_bootstrap},
+            "redis": {**data.get("redis", {}), "url": endpoints.redis_url}}
+    if endpoints.mooncake_master:
+        data["mooncake"] = {"master": endpoints.mooncake_master, "metadata_server": endpoints.mooncake_metadata}
+    return data
+
+
+async def fault_free_rate(base: dict[str, Any], endpoints, out: Path, steps: int) -> float | None:
+    """The same job without faults, ``steps`` steps on the campaign's stack: its trained per minute."""
+    from rollart.job.run import RunOptions, run_job
+    from rollart.training.checkpoint import CheckpointStore
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "baseline-job.yaml"
+    path.write_text(yaml.safe_dump(with_stack(chaos_job(base, set(), None), endpoints)))
+    await run_job(path, load_config(path), RunOptions(steps=steps, out=out, timeout_s=1800))
+    return trained_per_minute(CheckpointStore(out / "checkpoints").read_record())
+
+
+async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, out: Path, interval_s: float = 20.0,
+                    seed: int = 0, schedule: list[str] | None = None, baseline_steps: int = 0,
+                    stall_limit_s: float = 300.0) -> dict[str, Any]:
+    from rollart.job.run import RunOptions, run_job
+    from rollart.rollout.runner import job_endpoints
+    from rollart.training.checkpoint import CheckpointStore
+
+    check_faults(faults, schedule)
     out.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(config_path.read_text()) if config_path else {}
     server = FlakyRewardServer(transient_rate=0.2 if "reward-fail" in faults else 0.0,
@@ -166,11 +204,9 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
                     not (out / "stack" / STACK_FILE).exists():
                 raise ValueError("kill:broker kills the campaign's own broker: configure no Kafka endpoint "
                                  "(ROLLART_KAFKA_BOOTSTRAP) so that the campaign starts one")
-            data = chaos_job(base, faults, reward_url)
-            data["kafka"] = {**data.get("kafka", {}), "bootstrap": endpoints.kafka_bootstrap}
-            data["redis"] = {**data.get("redis", {}), "url": endpoints.redis_url}
-            if endpoints.mooncake_master:
-                data["mooncake"] = {"master": endpoints.mooncake_master, "metadata_server": endpoints.mooncake_metadata}
+            baseline = await fault_free_rate(base, endpoints, out / "baseline", baseline_steps) \
+                if baseline_steps >= 2 else None
+            data = with_stack(chaos_job(base, faults, reward_url), endpoints)
             path = out / "chaos-job.yaml"
             path.write_text(yaml.safe_dump(data))
             config = load_config(path)
@@ -185,11 +221,16 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
             if isinstance(outcome, Exception):  # a fault that could not be injected is a failed campaign
                 driver.error = f"{type(outcome).__name__}: {outcome}"
             job_cfg = config.model_copy(update={"job": report["job"]})
-            audit = await audit_run(job_cfg, endpoints, CheckpointStore(out / "checkpoints").read_record(),
-                                    report["alpha"], driver.injected)
+            record = CheckpointStore(out / "checkpoints").read_record()
+            audit = await audit_run(job_cfg, endpoints, record, report["alpha"], driver.injected,
+                                    stall_limit_s=stall_limit_s, ended_at=time.time())
     finally:
         await server.stop()
-    return chaos_result(driver, audit, report, faults, server.counts)
+    result = chaos_result(driver, audit, report, faults, server.counts)
+    rate = trained_per_minute(record)
+    result.update(trained_per_min=rate, fault_free_trained_per_min=baseline,
+                  goodput_ratio=round(rate / baseline, 3) if rate and baseline else None)
+    return result
 
 
 def chaos_result(driver: ChaosDriver, audit, report: dict, faults: set[str], reward_calls: dict) -> dict[str, Any]:

@@ -29,9 +29,14 @@ def register(app: typer.Typer) -> None:
                   schedule: Annotated[Optional[str], typer.Option(help="Injected faults in this order instead of "
                                                                        "at random, e.g. kill:trainer,redis-flush,"
                                                                        "bad-messages,kill:generation")] = None,
+                  baseline_steps: Annotated[int, typer.Option(min=0, help="Steps of the same job without faults "
+                                                                         "first, for goodput_ratio (0: none).")] = 10,
+                  stall_limit: Annotated[float, typer.Option(min=1, help="Seconds without a training step that "
+                                                                        "fail the audit.")] = 300.0,
                   out: Annotated[Path, typer.Option(help="Result JSON; the run's files go beside it.")]
                   = Path("out/chaos/result.json"), broker: BrokerOption = None) -> None:
-        """Kill stages, flush Redis, break envs and rewards, inject bad records; audit every trajectory."""
+        """Kill stages, flush Redis, break envs and rewards, inject bad records; audit every trajectory
+        and report goodput (trained per minute under faults ÷ fault-free)."""
         from rollart.chaos.run import run_chaos
 
         if out.is_dir() or out.name == "run":
@@ -42,7 +47,8 @@ def register(app: typer.Typer) -> None:
         order = [f.strip() for f in schedule.split(",") if f.strip()] if schedule else None
         try:
             result = asyncio.run(run_chaos(config_path, wanted, steps=steps, out=out.parent / "run",
-                                           interval_s=interval, seed=seed, schedule=order))
+                                           interval_s=interval, seed=seed, schedule=order,
+                                           baseline_steps=baseline_steps, stall_limit_s=stall_limit))
         except ValueError as exc:
             Console(stderr=True).print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
@@ -50,8 +56,10 @@ def register(app: typer.Typer) -> None:
         out.write_text(json.dumps(result, indent=1))
         table = Table("figure", "value", title="chaos")
         for key in ("faults_injected", "faults_survived", "trajectories_lost", "duplicates_trained", "stages_alive",
-                    "steps"):
+                    "steps", "trained_per_min", "fault_free_trained_per_min", "goodput_ratio"):
             table.add_row(key, str(result[key]))
+        table.add_row("replacement rollouts", str(result["audit"]["replacements"]))
+        table.add_row("longest stall (s)", str(result["audit"]["longest_stall_s"]))
         for topic, copies in result["duplicates_produced"].items():
             table.add_row(f"duplicates produced: {topic}", str(copies))
         for kind, seconds in result["recovery_s"].items():

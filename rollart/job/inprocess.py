@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from rollart.config import RollartConfig
-from rollart.messages import Abort, CompletedTrajectory, GenerationRequest, GenerationResult, ScoredTrajectory, \
-    TaskSpec
+from rollart.messages import Abort, CompletedTrajectory, GenerationRequest, GenerationResult, GroupEnded, \
+    ScoredTrajectory, TaskSpec
 from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.trajectory import TrajectoryBuilder
@@ -52,7 +52,8 @@ class InProcessLoop:
     def __post_init__(self) -> None:
         cfg = self.config
         self.buffer = SampleBuffer(group_size=cfg.feeder.group_size, groups_per_batch=cfg.feeder.groups_per_batch,
-                                   alpha=0, drop_uninformative=cfg.trainer.dynamic_sampling)
+                                   alpha=0, drop_uninformative=cfg.trainer.dynamic_sampling,
+                                   min_group_size=cfg.min_group_size())
         self.sources = sources_from(cfg)
         self.scorer = LocalScorer(self.chat)
         self.sampling = turn_sampling(cfg, self.chat)
@@ -100,9 +101,11 @@ class InProcessLoop:
             await asyncio.gather(*(self._run_group(task) for task in tasks))
 
     async def _run_group(self, task: TaskSpec) -> None:
-        async def emit(outcome: CompletedTrajectory | Abort) -> None:
+        async def emit(outcome: CompletedTrajectory | Abort | GroupEnded) -> None:
             if isinstance(outcome, CompletedTrajectory):
                 self.buffer.add(await self._score(outcome))
+            elif isinstance(outcome, GroupEnded):  # emitted last: every completed member is scored
+                self.buffer.end(outcome)
 
         await run_group(self.trajectories, task, emit)
 

@@ -103,7 +103,7 @@ class Abort:
     """Cancel a trajectory's generation (sent on the pool topic) or report an abandoned trajectory."""
 
     KIND: ClassVar[str] = "Abort"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
 
     traj_id: Id
     turn: NonNegInt
@@ -112,9 +112,30 @@ class Abort:
     tag: Name = ""
     created_at: float = 0.0
     episode: Name = ""  # on a pool topic: cancel only this run's requests ("" = every run's)
+    replacement: Name = ""  # the trajectory started in this one's place (a fault's replacement rollout)
 
     def message_id(self) -> str:
         return f"abort:{self.traj_id}:{self.episode}:{self.turn}"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEnded:
+    """A task group's rollouts are over (env → reward → trainer): the members that completed and go on
+    to scoring. With it the trainer knows when a group will not fill (its members aborted, their
+    replacements ran out, a reward dead-lettered) instead of holding it until the buffer overflows."""
+
+    KIND: ClassVar[str] = "GroupEnded"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    group_id: Id
+    tag: Name
+    completed: Annotated[tuple[Id, ...], msgspec.Meta(max_length=4096)]
+    aborted: NonNegInt = 0  # members ended by a fault (not counting redundant extras)
+    replacements: NonNegInt = 0  # replacement rollouts started for them
+    created_at: float = 0.0
+
+    def message_id(self) -> str:
+        return f"group-ended:{self.group_id}"
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -244,6 +265,7 @@ MESSAGE_KINDS: tuple[type, ...] = (
     TaskSpec,
     GenerationRequest,
     Abort,
+    GroupEnded,
     GenerationResult,
     CompletedTrajectory,
     ScoredTrajectory,

@@ -3,8 +3,9 @@
 Two consumer loops per member:
 
 * ``env`` consumes ``tasks``. A TaskSpec's handler runs the whole group: ``group_size + redundancy``
-  trajectories concurrently, emitting each completion at once (scoring starts immediately) and
-  aborting the extras as soon as ``group_size`` completed. The task's offset is committed only when
+  trajectories concurrently, emitting each completion at once (scoring starts immediately),
+  replacing members that end for a fault (``feeder.max_replacements``), aborting the extras as soon
+  as ``group_size`` completed, and ending with the group's GroupEnded. The task's offset is committed only when
   its group is over, so a crashed member's groups are redelivered and rerun by a survivor (the
   rerun reuses the trajectory ids, so the reward stage drops any second copy). ``env.max_groups``
   bounds the groups a member runs at once; beyond it the loop pauses ``tasks``.
@@ -18,10 +19,12 @@ reason (reset failed, step timeout, generation timeout, redundant, stale, ...), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
+from dataclasses import replace
 from typing import Awaitable, Callable
 from zlib import crc32
 
@@ -30,8 +33,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from rollart.bus import MessageContext, StopRequest
 from rollart.config import RollartConfig
 from rollart.envs import FaultyEnv, make_env
-from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, SamplingParams, \
-    TaskSpec
+from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, GroupEnded, \
+    SamplingParams, TaskSpec
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.rollout.routing import PoolRouter, init_fallback_metrics
@@ -61,11 +64,15 @@ GENERATION_OVERHEAD = Histogram("rollart_env_generation_overhead_seconds",
                                 ("job", "pool"), buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
                                                           0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5))
 GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
+REPLACEMENTS = Counter("rollart_env_replacements_total", "Replacement rollouts started for members ended by a fault, "
+                       "by the fault", ("job", "tag", "reason"))
 
 
 ABORT_REASONS = ("env_reset_failed", "env_step_timeout", "env_step_failed", "generation_timeout", "ownership_lost",
                  "stale", "redundant")
 GROUP_OUTCOMES = ("complete", "incomplete")
+# Ends for a fault of the rollout, not of the task's data: worth a fresh trajectory of the same task.
+REPLACEABLE = ABORT_REASONS[:5]
 
 
 def init_metrics(config: RollartConfig) -> None:
@@ -74,6 +81,8 @@ def init_metrics(config: RollartConfig) -> None:
     for tag in config.tags:
         for reason in ABORT_REASONS:
             ABORTED.labels(config.job, tag, reason)
+        for reason in REPLACEABLE:
+            REPLACEMENTS.labels(config.job, tag, reason)
         for outcome in GROUP_OUTCOMES:
             GROUPS.labels(config.job, tag, outcome)
     RUNNING.labels(config.job).set(0)
@@ -209,20 +218,25 @@ class EnvManager:
 
     async def handle_task(self, envelope: Envelope, ctx: MessageContext) -> None:
         task: TaskSpec = envelope.message
-        completed = await self.run_group(task, ctx)
+        completed = len((await self.run_group(task, ctx)).completed)
         GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
-        if self.config.feeder.alpha is not None:
-            await self.admission.finish(groups=1, accepted=completed >= task.group_size, group_id=task.group_id)
+        if self.config.feeder.alpha is not None:  # accepted: the trainer will train it (see min_group_size)
+            await self.admission.finish(groups=1, accepted=completed >= self.config.min_group_size(),
+                                        group_id=task.group_id)
 
-    async def run_group(self, task: TaskSpec, ctx: MessageContext) -> int:
-        """Run the group's trajectories; returns how many completed (at most group_size are emitted)."""
+    async def run_group(self, task: TaskSpec, ctx: MessageContext) -> GroupEnded:
+        """Run the group's trajectories (see :class:`GroupRun`)."""
 
-        async def emit(outcome: CompletedTrajectory | Abort) -> None:
+        async def emit(outcome: CompletedTrajectory | Abort | GroupEnded) -> None:
             await self._emit(outcome, task, ctx)
 
         return await run_group(self.trajectories, task, emit)
 
-    async def _emit(self, outcome: CompletedTrajectory | Abort, task: TaskSpec, ctx: MessageContext) -> None:
+    async def _emit(self, outcome: CompletedTrajectory | Abort | GroupEnded, task: TaskSpec,
+                    ctx: MessageContext) -> None:
+        if isinstance(outcome, GroupEnded):
+            await ctx.produce("trajectories.completed", outcome, key=outcome.group_id)
+            return
         if isinstance(outcome, CompletedTrajectory):
             COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
             TURNS.labels(self.config.job, task.tag).observe(outcome.turns)
@@ -269,44 +283,79 @@ class EnvManager:
             raise TrajectoryAborted("stale")
 
 
-async def run_group(trajectories: TrajectoryRunner, task: TaskSpec,
-                    emit: Callable[[CompletedTrajectory | Abort], Awaitable[None]]) -> int:
-    """Run a group's ``group_size + redundancy`` trajectories concurrently, emitting each outcome as it
-    ends; once ``group_size`` completed the extras are cancelled and emitted as redundant aborts.
-    Returns how many completed (at most group_size are emitted as completions)."""
-    runners = {asyncio.create_task(trajectories.run(task, f"{task.group_id}-{i}")): f"{task.group_id}-{i}"
-               for i in range(task.group_size + task.redundancy)}
-    waiting, completed = set(runners), 0
-    try:
-        while waiting and completed < task.group_size:
-            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for runner in done:
-                outcome = runner.result()
-                if isinstance(outcome, CompletedTrajectory) and completed >= task.group_size:
-                    outcome = abort(task, outcome.traj_id, outcome.turns, "redundant")
-                if isinstance(outcome, CompletedTrajectory):
-                    completed += 1
-                await emit(outcome)
-        for runner in waiting:  # the group is complete: the extras are not needed
-            runner.cancel()
-        for runner in waiting:
-            try:
-                await runner
-            except asyncio.CancelledError:
-                pass
-            await emit(abort(task, runners[runner], 0, "redundant"))
-        return completed
-    except BaseException:  # revoked, shutting down, or a bug: the task is redelivered (or dead-lettered)
-        for runner in runners:
-            if not runner.done():
+Emit = Callable[[CompletedTrajectory | Abort | GroupEnded], Awaitable[None]]
+
+
+class GroupRun:
+    """One group's rollouts: ``group_size + redundancy`` trajectories concurrently, each outcome emitted
+    as it ends. A member that ends for a fault while the rest could no longer fill the group is replaced
+    (``<group>-r<k>``, at most ``feeder.max_replacements``); once ``group_size`` completed the extras are
+    cancelled and emitted as redundant aborts. The last record emitted is the group's GroupEnded."""
+
+    def __init__(self, trajectories: TrajectoryRunner, task: TaskSpec, emit: Emit):
+        self.trajectories, self.task, self.emit = trajectories, task, emit
+        self.max_replacements = trajectories.config.feeder.max_replacements
+        self.runners: dict[asyncio.Task, str] = {}
+        self.completed: list[str] = []
+        self.aborted = self.replacements = 0
+
+    def start(self, traj_id: str) -> asyncio.Task:
+        runner = asyncio.create_task(self.trajectories.run(self.task, traj_id))
+        self.runners[runner] = traj_id
+        return runner
+
+    async def run(self) -> GroupEnded:
+        task = self.task
+        waiting = {self.start(f"{task.group_id}-{i}") for i in range(task.group_size + task.redundancy)}
+        try:
+            while waiting and len(self.completed) < task.group_size:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                # completions first: an abort ending at the same moment needs no replacement if they fill the group
+                for runner in sorted(done, key=lambda r: isinstance(r.result(), Abort)):
+                    await self.emit(self._settle(runner.result(), waiting))
+            for runner in waiting:  # the group is complete: the extras are not needed
                 runner.cancel()
-                INTERRUPTED.labels(trajectories.config.job, task.tag).inc()
-        raise
+            for runner in waiting:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
+                await self.emit(abort(task, self.runners[runner], 0, "redundant"))
+        except BaseException:  # revoked, shutting down, or a bug: the task is redelivered (or dead-lettered)
+            for runner in self.runners:
+                if not runner.done():
+                    runner.cancel()
+                    INTERRUPTED.labels(self.trajectories.config.job, task.tag).inc()
+            raise
+        ended = GroupEnded(group_id=task.group_id, tag=task.tag, completed=tuple(self.completed),
+                           aborted=self.aborted, replacements=self.replacements, created_at=time.time())
+        await self.emit(ended)
+        return ended
+
+    def _settle(self, outcome: CompletedTrajectory | Abort, waiting: set[asyncio.Task]) -> CompletedTrajectory | Abort:
+        """The record to emit for a finished member; starts its replacement when the group needs one."""
+        if isinstance(outcome, CompletedTrajectory):
+            if len(self.completed) >= self.task.group_size:
+                return abort(self.task, outcome.traj_id, outcome.turns, "redundant")
+            self.completed.append(outcome.traj_id)
+            return outcome
+        if outcome.reason == "redundant":
+            return outcome
+        self.aborted += 1
+        short = len(self.completed) + len(waiting) < self.task.group_size
+        if outcome.reason not in REPLACEABLE or not short or self.replacements >= self.max_replacements:
+            return outcome
+        traj_id = f"{self.task.group_id}-r{self.replacements}"
+        self.replacements += 1
+        waiting.add(self.start(traj_id))
+        REPLACEMENTS.labels(self.trajectories.config.job, self.task.tag, outcome.reason).inc()
+        return replace(outcome, replacement=traj_id)
+
+
+async def run_group(trajectories: TrajectoryRunner, task: TaskSpec, emit: Emit) -> GroupEnded:
+    """Run a group's rollouts (see :class:`GroupRun`); returns its GroupEnded (also emitted last)."""
+    return await GroupRun(trajectories, task, emit).run()
 
 
 def _with_labels(task: TaskSpec, labels: dict[str, str]) -> TaskSpec:
-    from dataclasses import replace
-
     return replace(task, labels={**task.labels, **labels})
 
 

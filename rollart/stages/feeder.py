@@ -134,10 +134,12 @@ class Feeder:
     async def _starvation_release(self, version: int) -> bool:
         """One more group (of a batch) past the bound when the trainer has starved long enough.
 
-        The release is for counters that over-count after crashes, not for a loop still starting: it
-        never fires before the first batch was trained (version 0: the bound admits two batches'
-        worth, the wait is the engines loading and the first rollouts), nor while no generation pool
-        has a live member (nothing admitted could be generated; the bound is not what holds it up)."""
+        The release is for counters that over-count after crashes, not for a loop still starting or
+        merely failing: it never fires before the first batch was trained (version 0: the bound admits
+        two batches' worth, the wait is the engines loading and the first rollouts), nor while no
+        generation pool has a live member (nothing admitted could be generated; the bound is not what
+        holds it up), nor while groups are still ending, complete or not (the loop moves: failed
+        groups give their places back, and more groups past the bound would only be more doomed ones)."""
         cfg = self.config.feeder
         if self._forced_left > 0:
             self._forced_left -= 1
@@ -150,6 +152,8 @@ class Feeder:
                 or now - self._last_forced < cfg.starvation_release_s:
             return False
         if not any((await self.pools.live_pools(self.config.pools)).values()):
+            return False
+        if now - (await self.admission.snapshot()).finished_at < cfg.starvation_release_s:
             return False
         self._last_forced, self._forced_left = now, cfg.groups_per_batch - 1
         STARVATION_RELEASES.labels(self.config.job).inc()

@@ -6,7 +6,8 @@ generation pool, asked over the bus like the env stage asks for actions: the ver
 ``rewards.judge`` partition this member owns). The env reward is kept as a
 component (and added, unless ``include_env_reward`` is off). A trajectory whose reward cannot be
 computed (the endpoint keeps failing, a rule cannot apply) is dead-lettered with the reason and
-the bridge goes on. Aborts on ``trajectories.completed`` are counted and not scored.
+the bridge goes on; the trainer gets an Abort (``reward_failed``) for it. Aborts on
+``trajectories.completed`` are counted and not scored; a group's GroupEnded is passed on to the trainer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from prometheus_client import Counter, Histogram
 from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.config import RewardSpec, RollartConfig
 from rollart.envs.math import extract_answer
-from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, Int32Array, SamplingParams
+from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GroupEnded, Int32Array, \
+    SamplingParams
 from rollart.rewards.http import RewardCallFailed
 from rollart.rewards.rules import last_turn_tokens
 from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
@@ -34,6 +36,7 @@ LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one traject
                     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
 FAILURES = Counter("rollart_reward_failures_total", "Trajectories that could not be scored", ("job", "tag", "type"))
 SCORED = Counter("rollart_reward_scored_total", "Trajectories scored", ("job", "tag"))
+REWARD_FAILED = "reward_failed"  # the reason of the Abort the trainer gets for a dead-lettered member
 ABORTS_SEEN = Counter("rollart_reward_aborts_seen_total", "Aborted trajectories passed over", ("job", "tag", "reason"))
 
 class RewardBridge:
@@ -51,13 +54,20 @@ class RewardBridge:
         if isinstance(message, Abort):
             ABORTS_SEEN.labels(self.config.job, message.tag, message.reason).inc()
             return
+        if isinstance(message, GroupEnded):  # the trainer needs it to tell a group that will not fill
+            await ctx.produce("rewards.results", message, key=message.group_id)
+            return
         spec = reward_spec(self.config, message.tag)
         started = time.perf_counter()
         try:
             reward, components = await self.score(message, spec)
         except (RewardCallFailed, ValueError) as exc:
             FAILURES.labels(self.config.job, message.tag, spec.type).inc()
-            raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}") from None
+            # Dead-lettered, and the trainer told: the member will not come, its group need not wait.
+            failed = Abort(traj_id=message.traj_id, turn=message.turns, reason=REWARD_FAILED, group_id=message.group_id,
+                           tag=message.tag, created_at=time.time())
+            raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}",
+                                 notify=[("rewards.results", failed, message.group_id)]) from None
         LATENCY.labels(self.config.job, message.tag, spec.type).observe(time.perf_counter() - started)
         SCORED.labels(self.config.job, message.tag).inc()
         await ctx.produce("rewards.results", scored_trajectory(message, reward, components, spec),

@@ -25,11 +25,11 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from rollart.bus import ConsumerLoop, MessageContext, StopRequest
 from rollart.config import ConfigError, RollartConfig
-from rollart.messages import Envelope, ScoredTrajectory
+from rollart.messages import Abort, Envelope, GroupEnded, ScoredTrajectory
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import VersionWriter
 from rollart.training.algorithms import PolicyLossConfig
-from rollart.training.buffer import Group, SampleBuffer
+from rollart.training.buffer import ENDED, FAILED, Group, SampleBuffer
 from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
 from rollart.state.admission import AdmissionCounters, starving_key
@@ -87,7 +87,8 @@ class TrainerStage:
         self.version = self.state.version
         self.buffer = SampleBuffer(group_size=cfg.feeder.group_size, groups_per_batch=cfg.feeder.groups_per_batch,
                                    alpha=trainer_alpha(cfg), capacity=cfg.trainer.capacity_groups,
-                                   drop_uninformative=cfg.trainer.dynamic_sampling)
+                                   drop_uninformative=cfg.trainer.dynamic_sampling,
+                                   min_group_size=cfg.min_group_size())
         self.buffer.trained.update(self.state.trained_ids)
         self.recent: deque[list[str]] = deque([self.state.trained_ids], maxlen=RECENT_STEPS_KEPT)
         self.offsets: dict[str, int] = dict(self.state.offsets)
@@ -96,32 +97,44 @@ class TrainerStage:
         self.labels = (cfg.job,)
         for reason in DROP_REASONS:  # series at 0 from the start
             DROPPED.labels(*self.labels, reason)
-        self.max_in_flight = self.buffer.capacity * cfg.feeder.group_size
+        # a group holds its members and its markers (its end, and a failed reward in a member's place)
+        self.max_in_flight = self.buffer.capacity * (cfg.feeder.group_size + 1)
         self.admission = AdmissionCounters(rt.redis, prefix=cfg.redis.key_prefix, job=cfg.job)
 
     # -- the handler ----------------------------------------------------------------------------
 
     async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
-        scored = envelope.message
-        assert isinstance(scored, ScoredTrajectory)
-        if not self.buffer.add(scored):
-            DROPPED.labels(*self.labels, "duplicate_or_overflow").inc()
+        """Hold a sample (or a group's end, or a member's failed reward) until its group is settled."""
+        message = envelope.message
+        if isinstance(message, ScoredTrajectory):
+            if not self.buffer.add(message):
+                DROPPED.labels(*self.labels, "duplicate_or_overflow").inc()
+                return
+            key = message.trajectory.traj_id
+        elif isinstance(message, GroupEnded):
+            if not self.buffer.end(message):
+                return  # its group is over, or this is a second copy: nothing to hold
+            key = message.group_id + ENDED
+        elif isinstance(message, Abort):
+            if not self.buffer.member_failed(message):
+                return
+            key = message.traj_id + FAILED
+        else:
             return
         settled = asyncio.get_running_loop().create_future()
-        self.waiting[scored.trajectory.traj_id] = (settled, f"{ctx.record.topic}:{ctx.record.partition}",
-                                                   ctx.record.offset)
+        self.waiting[key] = (settled, f"{ctx.record.topic}:{ctx.record.partition}", ctx.record.offset)
         BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
         self.arrived.set()
         await settled
 
     def _settle(self, groups: list[Group], reason: str | None) -> None:
         for group in groups:
-            for traj_id in group.members:
-                entry = self.waiting.pop(traj_id, None)
+            for key in group.keys:
+                entry = self.waiting.pop(key, None)
                 if entry is None:
                     continue
                 future, where, offset = entry
-                if reason is not None:
+                if reason is not None and key in group.members:
                     DROPPED.labels(*self.labels, reason).inc()
                 else:
                     self.offsets[where] = max(self.offsets.get(where, 0), offset + 1)
@@ -135,10 +148,10 @@ class TrainerStage:
         kept, the redelivered copy would be dropped as a duplicate and committed, and a crash before
         the sample trains would lose it."""
         gone = {f"{tp.topic}:{tp.partition}" for tp in revoked}
-        for traj_id, (_, where, _) in list(self.waiting.items()):
+        for key, (_, where, _) in list(self.waiting.items()):
             if where in gone:
-                del self.waiting[traj_id]
-                self.buffer.forget(traj_id)
+                del self.waiting[key]
+                self.buffer.forget(key)
         BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
 
     def _consumer_full(self) -> bool:
@@ -160,6 +173,7 @@ class TrainerStage:
         while not stop.is_set():
             await self._drop(self.buffer.evict_stale(self.version), "stale")
             await self._drop(self.buffer.drop_uninformative_groups(), "uninformative")
+            await self._drop(self.buffer.drop_unfillable(), "incomplete_group")
             batch = self.buffer.take_batch(self.version)
             if batch is not None:
                 self._starving_since = None
@@ -314,8 +328,9 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
         "buffer_groups": len(buffer),
         "dropped": {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,
-                    "incomplete_groups": st.evicted_full_groups, "uninformative_groups": st.uninformative_groups,
-                    "late_members": st.late_members},
+                    "incomplete_groups": st.evicted_full_groups + st.unfillable_groups,
+                    "uninformative_groups": st.uninformative_groups, "late_members": st.late_members},
+        "partial_groups": st.partial_groups,
         "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
     }
 

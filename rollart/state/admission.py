@@ -19,6 +19,7 @@ log with :meth:`AdmissionCounters.rebuild` after Redis loses it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -36,10 +37,13 @@ end
 return 0
 """
 
+# finished_at: when a group last ended, complete or not (the feeder's starvation release waits while
+# groups are still ending: the loop moves, the trainer waits for rollouts, not for admission places).
 # n is 0 when nothing is counted running (the counters were rebuilt after a Redis flush while groups
 # ran): then nothing moves. Lua writes -0 as "-0", which HINCRBY refuses ("not an integer"), so the
 # increments are skipped rather than made with 0.
 _FINISH = """
+redis.call('HSET', KEYS[1], 'finished_at', ARGV[4])
 local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
 local n = math.min(tonumber(ARGV[1]), running)
 if n <= 0 then return 0 end
@@ -74,6 +78,7 @@ class AdmissionSnapshot:
     running: int
     admitted: int
     dropped: int
+    finished_at: float = 0.0  # Unix time a group last ended (0: none yet)
 
 
 def starving_key(prefix: str, job: str) -> str:
@@ -112,7 +117,7 @@ class AdmissionCounters:
         """A running group ended: into the trainer's buffer (accepted) or dropped. ``group_id`` (one
         group) lets the trainer give the place back if it cannot use the group after all."""
         return int(await self._finish(keys=[self.key, self.accepted_groups_key],
-                                      args=[groups, "1" if accepted else "0", group_id]))
+                                      args=[groups, "1" if accepted else "0", group_id, repr(time.time())]))
 
     async def give_back(self, group_ids: list[str]) -> int:
         """The trainer dropped these groups: those the env stage accepted leave ``accepted``."""
@@ -128,7 +133,8 @@ class AdmissionCounters:
     async def snapshot(self) -> AdmissionSnapshot:
         raw = await self.redis.hgetall(self.key)
         get = lambda name: int(raw.get(name.encode(), 0))  # noqa: E731
-        return AdmissionSnapshot(get("accepted"), get("running"), get("admitted"), get("dropped"))
+        return AdmissionSnapshot(get("accepted"), get("running"), get("admitted"), get("dropped"),
+                                 float(raw.get(b"finished_at", 0)))
 
     async def rebuild(self, *, accepted: int, running: int) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -5,6 +5,11 @@
   ever trained is never accepted again.
 * Before a batch is formed, groups whose oldest token is too stale (``current - start_version >
   alpha``) are evicted and counted; with alpha = 0 only samples of the current policy are trained.
+* A group's end (GroupEnded: the members that completed) and the members whose reward failed tell
+  when a group will not fill: it then trains with the members it has if there are at least
+  ``min_group_size`` (a partial group, advantages over those present) or is dropped at once, instead
+  of waiting until the buffer overflows. These markers are held like samples (keys ``<group>#ended``,
+  ``<traj>#failed``) and settled with their group.
 * Memory is bounded: at most ``capacity`` groups are held; :meth:`full` tells the consumer to pause
   (backpressure) instead of growing without limit when the trainer is slower than rollout. With the
   feeder's admission bound, ``(alpha + 1) * groups_per_batch`` groups are the most that can be useful.
@@ -15,17 +20,31 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from rollart.messages import ScoredTrajectory
+from rollart.messages import Abort, GroupEnded, ScoredTrajectory
+
+ENDED, FAILED = "#ended", "#failed"  # marker keys: <group id>#ended, <traj id>#failed
 
 
 @dataclass
 class Group:
     group_id: str
     members: dict[str, ScoredTrajectory] = field(default_factory=dict)
+    expected: frozenset[str] | None = None  # the members that completed, once the group ended
+    failed: set[str] = field(default_factory=set)  # completed members whose reward failed
+    markers: list[str] = field(default_factory=list)  # keys of the markers held with the group
 
     @property
     def start_version(self) -> int:
         return min(s.trajectory.start_version for s in self.members.values())
+
+    @property
+    def keys(self) -> list[str]:
+        """Everything held for the group: its samples' trajectory ids, then its markers' keys."""
+        return [*self.members, *self.markers]
+
+    def final(self) -> bool:
+        """No more members will come: every member that completed is here or failed."""
+        return self.expected is not None and self.expected <= self.members.keys() | self.failed
 
 
 @dataclass
@@ -37,14 +56,17 @@ class BufferStats:
     evicted_full_groups: int = 0  # incomplete groups dropped to make room
     uninformative_groups: int = 0  # dynamic sampling: all rewards equal
     late_members: int = 0  # arrived after their group was dropped (stale or incomplete): dropped too
+    partial_groups: int = 0  # trained with fewer than group_size members (min_group_size)
+    unfillable_groups: int = 0  # ended with fewer than min_group_size scored: dropped at once
     batches: int = 0
 
 
 class SampleBuffer:
     def __init__(self, *, group_size: int, groups_per_batch: int, alpha: int, capacity: int | None = None,
-                 drop_uninformative: bool = False):
+                 drop_uninformative: bool = False, min_group_size: int | None = None):
         self.drop_uninformative = drop_uninformative
         self.group_size = group_size
+        self.min_group_size = min_group_size or group_size
         self.groups_per_batch = groups_per_batch
         self.alpha = alpha
         self.capacity = capacity or (alpha + 2) * groups_per_batch
@@ -53,6 +75,7 @@ class SampleBuffer:
         # Groups dropped stale or incomplete: a member arriving later is dropped with them, not made a
         # new group that is dropped (and its admission place given back) a second time.
         self.dropped: set[str] = set()
+        self.trained_groups: set[str] = set()  # a marker or member arriving later is not a new group
         self.stats = BufferStats()
 
     def __len__(self) -> int:
@@ -68,11 +91,10 @@ class SampleBuffer:
         if traj.traj_id in self.trained or (group is not None and traj.traj_id in group.members):
             self.stats.duplicates += 1
             return False
-        if traj.group_id in self.dropped:
+        if traj.group_id in self.dropped or traj.group_id in self.trained_groups:
             self.stats.late_members += 1
             return False
-        if group is None:
-            group = self.groups[traj.group_id] = Group(traj.group_id)
+        group = self._group(traj.group_id)
         if len(group.members) >= self.group_size:
             self.stats.overflow += 1
             return False
@@ -80,13 +102,50 @@ class SampleBuffer:
         self.stats.added += 1
         return True
 
-    def forget(self, traj_id: str) -> None:
-        """Take back a sample that was never settled (its handler was cancelled): it will come again."""
+    def _group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        return group
+
+    def _closed(self, group_id: str, traj_ids) -> bool:
+        """The group was trained or dropped already (a marker's redelivered or late copy)."""
+        return group_id in self.dropped or group_id in self.trained_groups or any(t in self.trained for t in traj_ids)
+
+    def end(self, ended: GroupEnded) -> bool:
+        """Take a group's end; False if the group is over already or its end was taken (settle it now)."""
+        group = self.groups.get(ended.group_id)
+        if self._closed(ended.group_id, ended.completed) or (group is not None and group.expected is not None):
+            return False
+        group = self._group(ended.group_id)
+        group.expected = frozenset(ended.completed)
+        group.markers.append(ended.group_id + ENDED)
+        return True
+
+    def member_failed(self, aborted: Abort) -> bool:
+        """A completed member whose reward failed will not come; False if already known or too late."""
+        group = self.groups.get(aborted.group_id)
+        if self._closed(aborted.group_id, ()) or (group is not None and aborted.traj_id in group.failed):
+            return False
+        group = self._group(aborted.group_id)
+        group.failed.add(aborted.traj_id)
+        group.markers.append(aborted.traj_id + FAILED)
+        return True
+
+    def forget(self, key: str) -> None:
+        """Take back a sample or marker that was never settled (its handler was cancelled): it will come again."""
         for group in self.groups.values():
-            if group.members.pop(traj_id, None) is not None:
-                if not group.members:
-                    del self.groups[group.group_id]
-                return
+            if group.members.pop(key, None) is None and key not in group.markers:
+                continue
+            if key in group.markers:
+                group.markers.remove(key)
+                if key.endswith(ENDED):
+                    group.expected = None
+                else:
+                    group.failed.discard(key[: -len(FAILED)])
+            if not group.keys:
+                del self.groups[group.group_id]
+            return
 
     def evict_stale(self, current_version: int) -> list[Group]:
         stale = [g for g in self.groups.values() if g.members and current_version - g.start_version > self.alpha]
@@ -98,31 +157,47 @@ class SampleBuffer:
 
     def evict_oldest_incomplete(self) -> Group | None:
         """Make room when the buffer is full of groups that cannot complete (their other members were
-        aborted): without this, no batch forms, the version never advances and nothing goes stale."""
+        aborted, and no GroupEnded said so): without this, no batch forms, the version never advances
+        and nothing goes stale."""
         for group in self.groups.values():
-            if len(group.members) < self.group_size:
+            if not self.trainable(group):
                 del self.groups[group.group_id]
                 self.dropped.add(group.group_id)
                 self.stats.evicted_full_groups += 1
                 return group
         return None
 
+    def drop_unfillable(self) -> list[Group]:
+        """Remove groups that ended with fewer than ``min_group_size`` scored members: nothing will fill them."""
+        unfillable = [g for g in self.groups.values() if g.final() and len(g.members) < self.min_group_size]
+        for group in unfillable:
+            del self.groups[group.group_id]
+            self.dropped.add(group.group_id)
+        self.stats.unfillable_groups += len(unfillable)
+        return unfillable
+
     def drop_uninformative_groups(self) -> list[Group]:
-        """Dynamic sampling: remove complete groups whose rewards are all equal (no GRPO signal)."""
+        """Dynamic sampling: remove trainable groups whose rewards are all equal (no GRPO signal)."""
         if not self.drop_uninformative:
             return []
         dropped = [g for g in self.complete_groups() if len({round(s.reward, 9) for s in g.members.values()}) == 1]
         for group in dropped:
             del self.groups[group.group_id]
             self.trained.update(group.members)  # consumed: a redelivered copy must not form a new group
+            self.trained_groups.add(group.group_id)
         self.stats.uninformative_groups += len(dropped)
         return dropped
 
+    def trainable(self, group: Group) -> bool:
+        """Full, or ended with at least ``min_group_size`` scored members (a partial group)."""
+        return len(group.members) >= self.group_size or (group.final() and len(group.members) >= self.min_group_size)
+
     def complete_groups(self) -> list[Group]:
-        return [g for g in self.groups.values() if len(g.members) >= self.group_size]
+        """The groups a batch can take: full ones and trainable partial ones, oldest first."""
+        return [g for g in self.groups.values() if self.trainable(g)]
 
     def take_batch(self, current_version: int) -> list[Group] | None:
-        """The oldest ``groups_per_batch`` complete, fresh groups, or None if there are not enough yet.
+        """The oldest ``groups_per_batch`` trainable, fresh groups, or None if there are not enough yet.
         Stale groups are evicted first (a caller that must know which calls :meth:`evict_stale` itself)."""
         self.evict_stale(current_version)
         complete = self.complete_groups()
@@ -132,5 +207,7 @@ class SampleBuffer:
         for group in batch:
             del self.groups[group.group_id]
             self.trained.update(group.members)
+            self.trained_groups.add(group.group_id)
+            self.stats.partial_groups += len(group.members) < self.group_size
         self.stats.batches += 1
         return batch

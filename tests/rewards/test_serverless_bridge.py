@@ -11,7 +11,7 @@ from aiohttp import web
 from rollart.bus.dlq import H_DLQ_ERROR
 from rollart.bus.reader import read_to_end
 from rollart.config import RewardSpec
-from rollart.messages import ScoredTrajectory
+from rollart.messages import Abort, GroupEnded, ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.rewards.http import HttpRewardClient, check_url
 from rollart.runtime import open_runtime
@@ -81,9 +81,13 @@ async def test_http_rewards_once_per_trajectory_retry_then_dead_letter(endpoints
     async with open_runtime(config, serve=False) as rt:
         bridge = RewardBridge(rt, chat)
         scored: dict[str, ScoredTrajectory] = {}
+        told: list = []  # what else the trainer is told: a group's end, a member whose reward failed
 
         async def collect(envelope, ctx) -> None:
-            scored.setdefault(envelope.message.trajectory.traj_id, envelope.message)
+            if isinstance(envelope.message, ScoredTrajectory):
+                scored.setdefault(envelope.message.trajectory.traj_id, envelope.message)
+            else:
+                told.append(envelope.message)
 
         try:
             await loops.start(reward_loops(rt, bridge)[0])
@@ -91,8 +95,11 @@ async def test_http_rewards_once_per_trajectory_retry_then_dead_letter(endpoints
                               wait_assigned=False)
             for t in [trajectories[0], poison, *trajectories[1:], trajectories[3]]:  # w3 twice: a duplicate
                 await rt.producer.send_and_wait("trajectories.completed", t, key=t.traj_id)
+            ended = GroupEnded(group_id="p0", tag="poison", completed=("p0-t0",))
+            await rt.producer.send_and_wait("trajectories.completed", ended, key="p0")
             await eventually(lambda: len(scored) == 6, what="6 scored trajectories")
             dead = await eventually(lambda: _dlq(rt), what="the poison trajectory in the DLQ")
+            await eventually(lambda: len(told) == 2, what="the group's end and the failed member passed on")
         finally:
             await loops.stop_all()
             await bridge.close()
@@ -104,6 +111,9 @@ async def test_http_rewards_once_per_trajectory_retry_then_dead_letter(endpoints
     assert all("length" in s.reward_components and s.scorer == "http" for s in scored.values())
     error = dict(dead[0].headers)[H_DLQ_ERROR].decode()
     assert "p0" not in scored and "HTTP 503" in error and "failed 3 times" in error
+    failed = next(m for m in told if isinstance(m, Abort))
+    assert (failed.traj_id, failed.group_id, failed.reason) == ("p0-t0", "p0", "reward_failed")
+    assert ended in told, "GroupEnded reaches the trainer unchanged"
 
 
 async def _dlq(rt):

@@ -88,7 +88,9 @@ async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endp
     """Regression (found by `rollart chaos`): after crashes the admission counters over-count (a group
     accepted at the env stage that the trainer could not use, a slot reserved by a killed feeder), the
     bound held the feeder back forever while the trainer waited for a batch: the run stopped. The
-    release is for that only: not while no pool is live, not before the first batch trained."""
+    release is for that only: not while no pool is live, not before the first batch trained, not while
+    groups are merely failing (Regression, `rollart chaos` with redundancy 0: released every 5 s past
+    the bound, it only made more doomed groups)."""
     import time
 
     from rollart.state import PoolRegistry, VersionStore
@@ -119,6 +121,12 @@ async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endp
         await pools.heartbeat(config.pools[0], "gen-a", ttl_s=30)
         await asyncio.sleep(1.0)
         assert await _released(rt) == [], "a trainer that is not starving gets nothing past the bound"
+        await counters.finish(groups=1, accepted=False)  # a group just ended incomplete (its members failed)
+        await rt.redis.set(key, repr(time.time() - 10), ex=10)
+        await asyncio.sleep(1.0)
+        assert await _released(rt) == [], "groups are still ending, failing: more past the bound would fail too"
+        await rt.redis.delete(key)
+        await asyncio.sleep(2.5)  # now no group has ended for starvation_release_s
         await rt.redis.set(key, repr(time.time()), ex=10)  # waiting, but not long enough (slack for slow reads)
         await asyncio.sleep(0.3)
         assert await _released(rt) == []

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from rollart.messages import Int32Array, ScoredTrajectory
+from rollart.messages import Abort, GroupEnded, Int32Array, ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.state import VersionStore, VersionWriter
 from rollart.stages.trainer import TrainerStage, build_backend, trainer_loop
@@ -122,11 +122,47 @@ async def test_duplicates_and_stale_groups_are_never_trained(trainer, loops):
     await eventually(lambda: len(trainer.steps()) == 3, what="step 3")
     snap = await admission.snapshot()
     assert (snap.accepted, snap.dropped) == (2, 2), "the evicted groups gave their admission places back"
-    assert await trainer.rt.redis.scard(admission.accepted_groups_key) == 0, "trained and dropped ids forgotten"
+    # the step's row is written before its groups are settled: wait for the settling, not the row
+    await eventually(lambda: _none_accepted(trainer.rt.redis, admission), what="trained and dropped ids forgotten")
     ids = [i for r in trainer.steps() for i in r["traj_ids"]]
     assert len(ids) == len(set(ids)) == 12
     assert not any(f"-g2{n}-" in i for i in ids for n in (0, 1)), "a stale sample was trained"
     assert max(r["staleness_max"] for r in trainer.steps()) <= 1
+
+
+async def _none_accepted(redis, admission) -> bool:
+    return await redis.scard(admission.accepted_groups_key) == 0
+
+
+@pytest.mark.trainer(trainer={"min_group_size": 1})
+async def test_a_group_that_will_not_fill_trains_partially_or_leaves_at_once(trainer, loops):
+    """The env stage's GroupEnded (which members completed) and the reward stage's reward_failed
+    aborts on rewards.results: a group short of members trains with those scored (min_group_size),
+    one with none is dropped at once and gives its admission place back, not held until overflow."""
+    job = trainer.config.job
+    admission = trainer.stage.admission
+    for group in (1, 2):
+        await admission.force_admit(1)
+        await admission.finish(accepted=True, group_id=f"{job}-g{group}")
+    await trainer.start(loops)
+    send = trainer.rt.producer.send_and_wait
+    full = [scored(0, m, reward=float(m), job=job) for m in range(2)]
+    short = scored(1, 0, reward=1.0, job=job)
+    await send("rewards.results", GroupEnded(group_id=f"{job}-g1", tag="t", completed=(
+        short.trajectory.traj_id, f"{job}-g1-t1")), key=f"{job}-g1")
+    await send("rewards.results", GroupEnded(group_id=f"{job}-g2", tag="t", completed=()), key=f"{job}-g2")
+    await trainer.produce([*full, short])
+    await asyncio.sleep(1.0)
+    assert trainer.steps() == [], "g1's second member completed: it may still be scored"
+    await send("rewards.results", Abort(traj_id=f"{job}-g1-t1", turn=1, reason="reward_failed", group_id=f"{job}-g1"),
+               key=f"{job}-g1")
+    await eventually(lambda: len(trainer.steps()) == 1, what="a step of the full group and the partial one")
+    row = trainer.steps()[0]
+    assert row["samples"] == 3 and row["groups"] == 2 and row["partial_groups"] == 1
+    assert trainer.stage.buffer.stats.unfillable_groups == 1
+    await eventually(lambda: not trainer.stage.waiting, what="every sample and marker settled")
+    snap = await admission.snapshot()
+    assert snap.dropped == 1, "the group that ended with no member gave its place back"
 
 
 @pytest.mark.trainer(trainer={"capacity_groups": 2}, feeder={"alpha": 100})

@@ -1,10 +1,11 @@
-"""The sample buffer: complete groups, no duplicates, stale groups evicted, bounded."""
+"""The sample buffer: complete groups, no duplicates, stale groups evicted, bounded; a group's end
+and failed rewards make a group that will not fill train partially or leave at once."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from rollart.messages import ScoredTrajectory
+from rollart.messages import Abort, GroupEnded, ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.training.buffer import SampleBuffer
 
@@ -73,3 +74,58 @@ def test_a_late_member_of_a_dropped_group_is_dropped_with_it_not_evicted_again()
     assert not buf.add(scored("old", 1, 0)), "the second member, after its group was evicted"
     assert buf.evict_stale(current_version=2) == [] and len(buf) == 0
     assert (buf.stats.evicted_stale_groups, buf.stats.late_members) == (1, 1)
+
+
+def ended(group: str, *members: int) -> GroupEnded:
+    return GroupEnded(group_id=group, tag="t", completed=tuple(f"{group}-{i}" for i in members))
+
+
+def reward_failed(group: str, i: int) -> Abort:
+    return Abort(traj_id=f"{group}-{i}", turn=1, reason="reward_failed", group_id=group)
+
+
+def test_a_group_that_ended_short_trains_partially_once_every_completed_member_is_in():
+    buf = SampleBuffer(group_size=4, groups_per_batch=1, alpha=5, min_group_size=2)
+    assert buf.end(ended("g", 0, 1, 2))  # its end can come before its members (another partition)
+    buf.add(scored("g", 0, 0, reward=1.0))
+    buf.add(scored("g", 1, 0, reward=0.0))
+    assert buf.take_batch(0) is None, "member 2 completed and may still be scored"
+    assert buf.member_failed(reward_failed("g", 2))
+    batch = buf.take_batch(0)
+    assert [sorted(g.members) for g in batch] == [["g-0", "g-1"]]
+    assert sorted(batch[0].keys) == ["g#ended", "g-0", "g-1", "g-2#failed"], "its markers settle with it"
+    assert buf.stats.partial_groups == 1
+    assert not buf.end(ended("g", 0, 1, 2)) and not buf.member_failed(reward_failed("g", 2)), "late copies"
+    assert not buf.add(scored("g", 3, 0)), "a late member of a trained group is not a new group"
+
+
+def test_a_group_below_min_group_size_is_dropped_as_soon_as_it_ended():
+    buf = SampleBuffer(group_size=4, groups_per_batch=1, alpha=5)  # min_group_size: the whole group
+    buf.add(scored("short", 0, 0))
+    buf.add(scored("short", 1, 0))
+    buf.add(scored("full", 0, 0))
+    assert buf.drop_unfillable() == [], "no end yet: the rest may come"
+    buf.end(ended("short", 0, 1))  # two members faulted and their replacements ran out
+    buf.end(ended("nothing"))  # every member faulted
+    assert [g.group_id for g in buf.drop_unfillable()] == ["short", "nothing"]
+    assert buf.stats.unfillable_groups == 2 and list(buf.groups) == ["full"]
+    assert not buf.add(scored("short", 2, 0)) and not buf.end(ended("short", 0, 1)), "dropped stays dropped"
+
+
+def test_a_redelivered_end_of_a_trained_group_is_recognised_by_its_trained_members():
+    """After a trainer restart the buffer has forgotten its trained groups but not their trained ids."""
+    buf = SampleBuffer(group_size=2, groups_per_batch=1, alpha=5)
+    buf.trained.update({"g-0", "g-1"})  # restored from the checkpoint
+    assert not buf.end(ended("g", 0, 1)) and len(buf) == 0
+
+
+def test_a_revoked_marker_is_taken_back_and_counted_again_when_redelivered():
+    buf = SampleBuffer(group_size=2, groups_per_batch=1, alpha=5, min_group_size=1)
+    buf.add(scored("g", 0, 0))
+    buf.end(ended("g", 0, 1))
+    buf.member_failed(reward_failed("g", 1))
+    buf.forget("g#ended")
+    buf.forget("g-1#failed")
+    assert buf.take_batch(0) is None, "without its end the group may still fill"
+    assert buf.end(ended("g", 0, 1)) and buf.member_failed(reward_failed("g", 1))
+    assert [sorted(g.members) for g in buf.take_batch(0)] == [["g-0"]]
