@@ -21,6 +21,7 @@ from rollart.messages import (
     CompletedTrajectory,
     GenerationRequest,
     GenerationResult,
+    GroupEnded,
     MessageDecodeError,
     ScoredTrajectory,
     TaskSpec,
@@ -175,7 +176,11 @@ def render_text(tokenizer, record, message: Any) -> str:
                 f"env_reward={message.env_reward:g}")
         return head + "\n" + render_conversation(tokenizer, message)
     if isinstance(message, Abort):
-        return f"{where}  {message.traj_id}  ABORT turn={message.turn} reason={message.reason} tag={message.tag}"
+        replaced = f" replaced by {message.replacement}" if message.replacement else ""
+        return f"{where}  {message.traj_id}  ABORT turn={message.turn} reason={message.reason} tag={message.tag}{replaced}"
+    if isinstance(message, GroupEnded):
+        return (f"{where}  {message.group_id}  GROUP ENDED completed={list(message.completed)} "
+                f"aborted={message.aborted} replacements={message.replacements} tag={message.tag}")
     if isinstance(message, GenerationRequest):
         return f"{where}  {message.traj_id}  request turn={message.turn} pool={message.pool} " \
                f"context={len(message.prompt_ids)} tokens reply_partition={message.reply_partition}"

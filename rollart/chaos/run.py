@@ -49,16 +49,18 @@ class FaultEvent:
     recovered_s: float | None = None
 
 
-def chaos_job(base: dict[str, Any], faults: set[str], reward_url: str | None) -> dict[str, Any]:
-    """The job config with the configured faults applied."""
+def chaos_job(base: dict[str, Any], faults: set[str], reward_url: str | None,
+              env_failure_rate: float = 0.01) -> dict[str, Any]:
+    """The job config with the configured faults applied (``env_failure_rate``: per env step, each of
+    hang and raise)."""
     data = json.loads(json.dumps(base))
     tags = data.setdefault("tags", json.loads(json.dumps(DEFAULT_TAGS)))
     for spec in tags.values():
         env_faults = spec.setdefault("faults", {})
         if "env-hang" in faults:
-            env_faults["hang_rate"] = 0.01
+            env_faults["hang_rate"] = env_failure_rate
         if "env-raise" in faults:
-            env_faults["step_failure_rate"] = 0.01
+            env_faults["step_failure_rate"] = env_failure_rate
         if reward_url:
             spec["reward"] = {"type": "http", "url": reward_url, "include_env_reward": False, "attempts": 4,
                               "backoff_s": 0.05, "timeout_s": 5}
@@ -186,7 +188,7 @@ async def fault_free_rate(base: dict[str, Any], endpoints, out: Path, steps: int
 
 async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, out: Path, interval_s: float = 20.0,
                     seed: int = 0, schedule: list[str] | None = None, baseline_steps: int = 0,
-                    stall_limit_s: float = 300.0) -> dict[str, Any]:
+                    stall_limit_s: float = 300.0, env_failure_rate: float = 0.01) -> dict[str, Any]:
     from rollart.job.run import RunOptions, run_job
     from rollart.rollout.runner import job_endpoints
     from rollart.training.checkpoint import CheckpointStore
@@ -206,7 +208,7 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
                                  "(ROLLART_KAFKA_BOOTSTRAP) so that the campaign starts one")
             baseline = await fault_free_rate(base, endpoints, out / "baseline", baseline_steps) \
                 if baseline_steps >= 2 else None
-            data = with_stack(chaos_job(base, faults, reward_url), endpoints)
+            data = with_stack(chaos_job(base, faults, reward_url, env_failure_rate), endpoints)
             path = out / "chaos-job.yaml"
             path.write_text(yaml.safe_dump(data))
             config = load_config(path)

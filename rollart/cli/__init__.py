@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -35,6 +37,31 @@ from rollart.cli.chaos import register as register_chaos  # noqa: E402
 register_chaos(app)
 
 app.add_typer(deploy_app, name="deploy")
+
+# The commands that start a stack and stages of their own. Stopped by SIGTERM (`timeout`, a CI job's
+# cancel, systemd) they must unwind as on Ctrl-C, so that their context managers stop what they
+# started: Python's default SIGTERM ends the process on the spot. (A SIGKILL unwinds nothing: there,
+# the kernel's PR_SET_PDEATHSIG takes the stages and the stack's services down; see rollart.local.)
+RUNNERS = frozenset({"run", "rollout", "chaos", "soak", "bench"})
+
+
+def sigterm_as_sigint() -> Callable[[], object]:
+    """Have SIGTERM do what SIGINT does at that moment: inside asyncio.run, cancel the main task (a
+    second signal raises KeyboardInterrupt); elsewhere raise KeyboardInterrupt. Returns the undo."""
+    def handler(signum, frame) -> None:
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if not callable(on_sigint):  # SIGINT ignored (a backgrounded job): SIGTERM must still stop us
+            raise KeyboardInterrupt
+        on_sigint(signal.SIGINT, frame)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+@app.callback()
+def _root(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand in RUNNERS and threading.current_thread() is threading.main_thread():
+        ctx.call_on_close(sigterm_as_sigint())  # undone after the command (it may run in a test's process)
 
 console = Console()
 err_console = Console(stderr=True)

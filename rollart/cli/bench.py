@@ -194,6 +194,21 @@ def register(bench_app: typer.Typer) -> None:
         if "measured_on" in result:
             console.print(f"measured on: {result['measured_on']}")
 
+    @bench_app.command("goodput")
+    def goodput_cmd(config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML "
+                                                                   "(default: the chaos job).")] = None,
+                    out: OutOption = None, steps: Annotated[int, typer.Option(min=2)] = 20,
+                    rates: Annotated[str, typer.Option(help="Per-step env failure rates.")] = "0.01,0.05,0.1",
+                    broker: BrokerOption = None) -> None:
+        """Trained per minute as env steps fail at each rate, beside the fault-free run (goodput ratio)."""
+        from rollart.bench.goodput import bench_goodput
+
+        run_benchmark(config, out, bench_goodput,
+                      ["env_failure_rate", "steps", "trained_per_min", "goodput_ratio", "replacements", "aborted",
+                       "lost", "trained_twice", "longest_stall_s", "audit_holds"],
+                      "goodput ratio at the highest failure rate", job_yaml=config, steps=steps,
+                      rates=tuple(float(r) for r in rates.split(",") if r.strip()))
+
     @bench_app.command("async")
     def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,
                   modes: Annotated[str, typer.Option(help="Comma-separated subset of sync,one-off,alpha=1,alpha=2.")]

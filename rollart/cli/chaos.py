@@ -33,6 +33,8 @@ def register(app: typer.Typer) -> None:
                                                                          "first, for goodput_ratio (0: none).")] = 10,
                   stall_limit: Annotated[float, typer.Option(min=1, help="Seconds without a training step that "
                                                                         "fail the audit.")] = 300.0,
+                  env_failure_rate: Annotated[float, typer.Option(min=0, max=1, help="Per env step, of env-hang "
+                                                                                   "and of env-raise.")] = 0.01,
                   out: Annotated[Path, typer.Option(help="Result JSON; the run's files go beside it.")]
                   = Path("out/chaos/result.json"), broker: BrokerOption = None) -> None:
         """Kill stages, flush Redis, break envs and rewards, inject bad records; audit every trajectory
@@ -48,7 +50,8 @@ def register(app: typer.Typer) -> None:
         try:
             result = asyncio.run(run_chaos(config_path, wanted, steps=steps, out=out.parent / "run",
                                            interval_s=interval, seed=seed, schedule=order,
-                                           baseline_steps=baseline_steps, stall_limit_s=stall_limit))
+                                           baseline_steps=baseline_steps, stall_limit_s=stall_limit,
+                                           env_failure_rate=env_failure_rate))
         except ValueError as exc:
             Console(stderr=True).print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None

@@ -7,7 +7,6 @@ job name passed in the environment, its output in ``<log_dir>/<name>.log``. Stop
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,16 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.endpoints import Endpoints
+from rollart.local.stack import die_with_parent, on_lasting_thread
 
 
-def _in_child(cpus: tuple[int, ...] | None) -> None:
+def _in_child(cpus: tuple[int, ...] | None, parent: int) -> None:
     """In the stage process before exec: SIGTERM it when the runner dies (a runner killed with
     SIGKILL would otherwise leave every stage running, detached in its own session), and pin it."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM, parent)
     if cpus:
         os.sched_setaffinity(0, cpus)
 
@@ -95,10 +91,14 @@ class StageProcesses:
             env.update(OMP_NUM_THREADS=str(len(cpus)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)))
         if self.metrics_targets is not None:
             env.update(ROLLART_METRICS_PORT=str(self._metrics_port(name, stage)), ROLLART_METRICS_HOST="127.0.0.1")
-        with open(process.log, "ab") as out:
-            process.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                             stdin=subprocess.DEVNULL, start_new_session=True,  # own group
-                                             preexec_fn=lambda: _in_child(cpus))
+        parent = os.getpid()
+
+        def popen() -> subprocess.Popen:
+            with open(process.log, "ab") as out:
+                return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,  # own group
+                                        preexec_fn=lambda: _in_child(cpus, parent))
+        process.proc = on_lasting_thread(popen)  # the death signal follows the forking thread
         self.stages[name] = process
         return process
 

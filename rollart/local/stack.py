@@ -5,6 +5,12 @@ Both run as child processes on free loopback ports. ``rollart local up`` starts 
 records their endpoints and pids in a state file (``$ROLLART_HOME/local.json``, default
 ``~/.rollart``) so that every later command on the machine finds them without flags; tests use
 :class:`LocalStack` as a context manager.
+
+Every other stack belongs to the process that started it (a runner: `rollart run`, `rollout`,
+`chaos`, `soak`, `bench`; a test session) and dies with it, however it dies: each service is forked
+with PR_SET_PDEATHSIG, so the kernel signals it when its owner exits, SIGKILL included. Each
+service also carries its stack's log folder in its environment (``ROLLART_STACK``), so that the next
+start of a stack in the same folder stops what a dead owner still left there, and no other process.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
                                    kafka_libs, kafka_version, tansu_binary, tansu_version)
@@ -25,6 +33,8 @@ from rollart.local.security import LocalSecurity
 
 STATE_FILE = "local.json"  # in $ROLLART_HOME: the stack `rollart local up` started
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
+STACK_ENV = "ROLLART_STACK"  # in each service's environment: its stack's log folder
+T = TypeVar("T")
 
 
 def rollart_home() -> Path:
@@ -103,6 +113,8 @@ class StackState:
     broker_dir: str | None = None  # Apache Kafka: the node's folder (config and log), kept across restarts
     # A secured Apache Kafka (SASL_SSL, SCRAM, ACLs): the rollart.local.security.LocalSecurity folder
     kafka_security: str | None = None
+    # The process whose services these are (they die with it); None: detached (`rollart local up`)
+    owner_pid: int | None = None
 
     @property
     def broker(self) -> BrokerInfo:
@@ -147,12 +159,95 @@ def _wait_until(ready, proc: subprocess.Popen, name: str, log: Path, timeout: fl
     raise RuntimeError(f"{name} did not {what} within {timeout:.0f}s; see {log}")
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
+def _libc_prctl():
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the reaper (reap_stale) is the only guard
+        return None
+
+
+_PRCTL = _libc_prctl()  # looked up here: a forked child of a threaded parent must not dlopen
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """In a child between fork and exec: have the kernel send ``sig`` when the thread that forked it
+    exits. The setting survives exec (not of a set-uid binary). ``parent``: the forking process's
+    pid; if it died before the prctl, the signal would never come, so leave now."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(sig))
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def on_lasting_thread(fork: Callable[[], T]) -> T:
+    """Call ``fork`` (it starts a child that dies with its parent) on a thread that lives as long as
+    this process. PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the
+    process: a broker restarted from asyncio.to_thread's worker (the chaos driver does) would die
+    with that worker. The main thread lasts; any other caller hands the fork to one spawner thread,
+    which runs until the interpreter exits."""
+    global _spawner
+    if threading.current_thread() is threading.main_thread():
+        return fork()
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(1, thread_name_prefix="rollart-spawner")
+    return _spawner.submit(fork).result()
+
+
+def _spawn(argv: list[str], log: Path, detached: bool = False) -> subprocess.Popen:
+    """A service of the stack whose log folder is ``log.parent`` (its mark, see stack_of).
+    ``detached``: it outlives this process (`rollart local up`); otherwise the kernel SIGKILLs it
+    when this process exits, however it exits. SIGKILL, not SIGTERM: nothing can delay or ignore
+    it (a JVM's shutdown can hang), and an owner's stack keeps nothing that needs a clean close
+    (Kafka recovers its log; the rest is in memory)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        # A new session: the services outlive `rollart local up` and ignore the shell's Ctrl-C.
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+    env = {**os.environ, STACK_ENV: str(log.parent.absolute())}
+    parent = os.getpid()
+
+    def popen() -> subprocess.Popen:
+        with open(log, "ab") as out:
+            # A new session either way: the shell's Ctrl-C reaches neither a detached stack nor a
+            # runner's, which the runner stops itself after the stages that commit to it.
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True,
+                                    preexec_fn=None if detached else lambda: die_with_parent(signal.SIGKILL, parent))
+    return popen() if detached else on_lasting_thread(popen)
+
+
+def stack_of(pid: int) -> str | None:
+    """The log folder of the stack that ``pid`` is a service of (None: not a service, or gone)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{STACK_ENV}=".encode()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
+def reap_stale(state_file: Path) -> list[int]:
+    """Stop what the stack recorded in ``state_file`` left running when its owner is gone (a guard
+    behind PR_SET_PDEATHSIG: a service it could not reach, or one started without it); only
+    processes that still carry that stack's mark, so that a recycled pid is left alone. Returns
+    the pids stopped."""
+    stale = StackState.read(state_file)
+    if stale is None or pid_alive(stale.owner_pid):
+        return []
+    mark = str(Path(stale.log_dir).absolute())
+    reaped = [pid for pid in stale.pids() if pid and stack_of(pid) == mark]
+    for pid in reaped:
+        stop_pid(pid)
+    state_file.unlink(missing_ok=True)  # else stop() of a stack failing to start would read it
+    return reaped
 
 
 def serves_metadata(bootstrap: str, timeout_s: float = 3.0, **client: Any) -> bool:
@@ -182,20 +277,21 @@ BROKER_START_TIMEOUT_S = 120.0  # a JVM on a busy 2-core machine
 
 def start_kafka(home: Path, log_dir: Path, tls: BrokerTls | None = None,
                 ready: Callable[[str], bool] | None = None,
-                sasl: BrokerSasl | None = None) -> tuple[subprocess.Popen, str, BrokerInfo]:
+                sasl: BrokerSasl | None = None, detached: bool = False) -> tuple[subprocess.Popen, str, BrokerInfo]:
     """Apache Kafka on free loopback ports; its log in ``home`` (formatted once, then reused).
     ``tls``: clients connect over TLS only, and with ``sasl`` authenticate under ACLs;
-    ``ready(bootstrap)`` then says when it serves."""
+    ``ready(bootstrap)`` then says when it serves. ``detached``: it outlives this process."""
     node = KafkaNode(home)
     node.configure(free_port(), free_port(), tls, sasl)
     node.format(sasl)
-    return _run_kafka(node, log_dir, ready)
+    return _run_kafka(node, log_dir, ready, detached)
 
 
-def _run_kafka(node: KafkaNode, log_dir: Path,
-               ready: Callable[[str], bool] | None = None) -> tuple[subprocess.Popen, str, BrokerInfo]:
+def _run_kafka(node: KafkaNode, log_dir: Path, ready: Callable[[str], bool] | None = None,
+               detached: bool = False) -> tuple[subprocess.Popen, str, BrokerInfo]:
     log = log_dir / "broker.log"
-    proc = _spawn(node.argv(), log)
+    # The JVM is exec'd directly (no kafka-server-start.sh), so the death signal reaches Kafka itself.
+    proc = _spawn(node.argv(), log, detached)
     bootstrap = f"127.0.0.1:{node.port()}"
     ready = ready or serves_metadata
     _wait_until(lambda: port_open("127.0.0.1", node.port()) and ready(bootstrap), proc,
@@ -215,12 +311,12 @@ def serves_metadata_to(security: LocalSecurity) -> Callable[[str], bool]:
     return ready
 
 
-def start_tansu(log_dir: Path) -> tuple[subprocess.Popen, str, BrokerInfo]:
+def start_tansu(log_dir: Path, detached: bool = False) -> tuple[subprocess.Popen, str, BrokerInfo]:
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     log = log_dir / "broker.log"
     proc = _spawn([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                   "--storage-engine", "memory://tansu/"], log)
+                   "--storage-engine", "memory://tansu/"], log, detached)
     _wait_for_port(port, proc, "Kafka-protocol broker (tansu)", log)
     return proc, f"127.0.0.1:{port}", BrokerInfo("tansu", tansu_version())
 
@@ -233,16 +329,19 @@ def restart_broker(state: StackState) -> int:
         raise RuntimeError("only the local Apache Kafka broker can be restarted (Tansu loses its log)")
     stop_pid(state.broker_pid)
     ready = serves_metadata_to(LocalSecurity(Path(state.kafka_security))) if state.kafka_security else None
-    proc, _, _ = _run_kafka(KafkaNode(Path(state.broker_dir)), Path(state.log_dir), ready)
+    # The owner's broker dies with the owner; restarted by another process, it must not die with that
+    # one (the owner's stop() reads the new pid from the state file, the reaper finds it by its mark).
+    detached = state.owner_pid != os.getpid()
+    proc, _, _ = _run_kafka(KafkaNode(Path(state.broker_dir)), Path(state.log_dir), ready, detached)
     state.broker_pid = proc.pid
     return proc.pid
 
 
-def start_redis(log_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_redis(log_dir: Path, detached: bool = False) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = log_dir / "redis.log"
     proc = _spawn([valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", str(log_dir)], log)
+                   "--appendonly", "no", "--dir", str(log_dir)], log, detached)
     _wait_for_port(port, proc, "Redis-protocol server (valkey)", log)
     return proc, f"redis://127.0.0.1:{port}/0"
 
@@ -258,7 +357,8 @@ def mooncake_binaries() -> tuple[str, str] | None:
     return (found[0], found[1]) if all(found) else None
 
 
-def start_mooncake(log_dir: Path, segment: str = "512 MB") -> tuple[list[subprocess.Popen], str, str]:
+def start_mooncake(log_dir: Path, segment: str = "512 MB",
+                   detached: bool = False) -> tuple[list[subprocess.Popen], str, str]:
     """A Mooncake master (with its HTTP metadata server) and a store process contributing ``segment``
     of memory, over TCP on loopback. Returns (processes, master address, metadata URL)."""
     binaries = mooncake_binaries()
@@ -269,14 +369,14 @@ def start_mooncake(log_dir: Path, segment: str = "512 MB") -> tuple[list[subproc
     master_log = log_dir / "mooncake-master.log"
     master = _spawn([master_bin, f"-rpc_port={rpc}", "-rpc_address=127.0.0.1", "-enable_http_metadata_server=true",
                      "-http_metadata_server_host=127.0.0.1", f"-http_metadata_server_port={http}",
-                     f"-metrics_port={metrics}", "-default_kv_lease_ttl=2000"], master_log)
+                     f"-metrics_port={metrics}", "-default_kv_lease_ttl=2000"], master_log, detached)
     _wait_for_port(rpc, master, "Mooncake master", master_log)
     _wait_for_port(http, master, "Mooncake metadata server", master_log)
     address, metadata = f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
     store_log = log_dir / "mooncake-store.log"
     store = _spawn([store_bin, f"-master_server_address={address}", f"-metadata_server={metadata}",
                     f"-global_segment_size={segment}", "-local_buffer_size=16 MB", "-host=127.0.0.1",
-                    f"-port={store_port}", "-protocol=tcp"], store_log)
+                    f"-port={store_port}", "-protocol=tcp"], store_log, detached)
     try:
         _wait_for_port(store_port, store, "Mooncake store", store_log)
     except Exception:
@@ -311,12 +411,13 @@ class LocalStack:
     "kafka" or "tansu" (default: $ROLLART_LOCAL_BROKER, else Apache Kafka where Java and its jars are).
     ``kafka_home``: the Kafka node's folder (default: ``<log_dir>/../kafka``), kept after stop.
     ``state_file``: the stack records itself there, so another process (`rollart chaos` killing and
-    restarting the broker) finds it; whoever restarts a service rewrites it, and stop() reads it."""
+    restarting the broker) finds it; whoever restarts a service rewrites it, and stop() reads it.
+    ``detached``: the services outlive this process (`rollart local up`); by default they die with it."""
 
     def __init__(self, log_dir: Path | None = None, redis_url: str | None = DEFAULT_REDIS_URL,
                  force_embedded_redis: bool = False, mooncake: bool | None = None,
                  broker: BrokerKind | None = None, kafka_home: Path | None = None, state_file: Path | None = None,
-                 secure: bool = False):
+                 secure: bool = False, detached: bool = False):
         self.log_dir = Path(log_dir or rollart_home() / "logs")
         self.mooncake = mooncake_binaries() is not None if mooncake is None else mooncake
         self.redis_url = redis_url
@@ -324,6 +425,7 @@ class LocalStack:
         self.broker = choose_broker(broker)
         self.kafka_home = Path(kafka_home or self.log_dir.parent / "kafka")
         self.state_file = state_file
+        self.detached = detached
         self.state: StackState | None = None
         if secure and self.broker != "kafka":
             raise ValueError("a secured local stack (SASL_SSL, ACLs) needs Apache Kafka; Tansu has neither")
@@ -332,34 +434,33 @@ class LocalStack:
     def _start_broker(self) -> tuple[subprocess.Popen, str, BrokerInfo]:
         if self.security is not None:
             return start_kafka(self.kafka_home, self.log_dir, self.security.broker_tls(),
-                               serves_metadata_to(self.security), self.security.broker_sasl())
+                               serves_metadata_to(self.security), self.security.broker_sasl(), self.detached)
         if self.broker == "kafka":
-            return start_kafka(self.kafka_home, self.log_dir)
-        return start_tansu(self.log_dir)
+            return start_kafka(self.kafka_home, self.log_dir, detached=self.detached)
+        return start_tansu(self.log_dir, self.detached)
 
     def start(self) -> StackState:
+        if self.state_file is not None:
+            # A dead run's services in this folder: they hold ports, memory and the Kafka log's lock.
+            reap_stale(self.state_file)
         broker, bootstrap, info = self._start_broker()
-        redis_pid = None
-        redis_url = self.redis_url
-        if self.force_embedded_redis or not (redis_url and redis_answers(redis_url)):
-            try:
-                redis_proc, redis_url = start_redis(self.log_dir)
-            except Exception:
-                stop_pid(broker.pid)
-                raise
-            redis_pid = redis_proc.pid
-        self.state = StackState(kafka_bootstrap=bootstrap, redis_url=redis_url, broker_pid=broker.pid,
-                                redis_pid=redis_pid, log_dir=str(self.log_dir), started_at=time.time(),
+        self.state = StackState(kafka_bootstrap=bootstrap, redis_url=self.redis_url or "", broker_pid=broker.pid,
+                                redis_pid=None, log_dir=str(self.log_dir), started_at=time.time(),
                                 broker_kind=info.kind, broker_version=info.version,
                                 broker_dir=str(self.kafka_home) if info.kind == "kafka" else None,
-                                kafka_security=str(self.security.folder) if self.security else None)
-        if self.mooncake:
-            try:
-                procs, self.state.mooncake_master, self.state.mooncake_metadata = start_mooncake(self.log_dir)
-            except Exception:
-                self.stop()
-                raise
-            self.state.mooncake_pids = [p.pid for p in procs]
+                                kafka_security=str(self.security.folder) if self.security else None,
+                                owner_pid=None if self.detached else os.getpid())
+        try:
+            if self.force_embedded_redis or not (self.redis_url and redis_answers(self.redis_url)):
+                redis_proc, self.state.redis_url = start_redis(self.log_dir, self.detached)
+                self.state.redis_pid = redis_proc.pid
+            if self.mooncake:
+                procs, self.state.mooncake_master, self.state.mooncake_metadata = start_mooncake(
+                    self.log_dir, detached=self.detached)
+                self.state.mooncake_pids = [p.pid for p in procs]
+        except BaseException:  # Ctrl-C too: leave nothing half-started behind
+            self.stop()
+            raise
         if self.state_file is not None:
             self.state.write(self.state_file)
         return self.state
@@ -390,7 +491,7 @@ def local_up(redis_url: str | None = DEFAULT_REDIS_URL, force_embedded_redis: bo
         for pid in existing.pids():
             stop_pid(pid)
     state = LocalStack(redis_url=redis_url, force_embedded_redis=force_embedded_redis, broker=broker,
-                       kafka_home=rollart_home() / "kafka").start()
+                       kafka_home=rollart_home() / "kafka", detached=True).start()
     state.write()
     return state, True
 

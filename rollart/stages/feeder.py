@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge
 from rollart import health
 from rollart.bus.reader import read_to_end
 from rollart.bus.stopping import StopRequest
+from rollart.lag import consumer_lag
 from rollart.config import RollartConfig
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
@@ -122,14 +123,32 @@ class Feeder:
         if cfg.alpha is None:
             return version
         if not await self.rt.redis.exists(self.admission.key):
-            # Redis lost the counters: count every released group as accepted, so the bound only
-            # opens again as versions advance (conservative: aborted groups are not given back).
-            await self.admission.rebuild(accepted=released, running=0)
+            await self._rebuild_admission(released, version)
         ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
         if not ok and await self._starvation_release(version):
             await self.admission.force_admit(1)
             return version
         return version if ok else None
+
+    async def _rebuild_admission(self, released: int, version: int) -> None:
+        """Redis lost the counters: rebuild them from the log. Running: the tasks the env group has not
+        committed (queued or rolling out); accepted: the groups trained so far (version × batch).
+        Groups in the trainer's buffer, not yet trained, are left out: the bound then admits at most
+        a buffer's worth extra, which staleness eviction bounds. (Counting every released group as
+        accepted, the earlier rule, kept every group ever dropped in the bound: after a flush the
+        feeder stayed held back and only the starvation release moved it, a batch of stale groups
+        at a time.)"""
+        try:
+            rows = await consumer_lag(self.config, self.rt.endpoints)
+            running = min(released, sum(r.lag for r in rows if r.group == "env" and r.topic == "tasks"))
+        except Exception as exc:  # noqa: BLE001 - e.g. no ACL to read the env group's offsets
+            log.warning("admission counters lost and the env group's offsets unreadable (%s): counting every "
+                        "released group as running", exc)
+            running = released
+        accepted = min(released - running, version * self.config.feeder.groups_per_batch)
+        log.warning("admission counters lost (Redis flushed?): rebuilt from the log as %d running, %d accepted",
+                    running, accepted)
+        await self.admission.rebuild(accepted=accepted, running=running)
 
     async def _starvation_release(self, version: int) -> bool:
         """One more group (of a batch) past the bound when the trainer has starved long enough.

@@ -39,11 +39,12 @@ return 0
 
 # finished_at: when a group last ended, complete or not (the feeder's starvation release waits while
 # groups are still ending: the loop moves, the trainer waits for rollouts, not for admission places).
+# Only on counters that exist: after a Redis flush the feeder must find them missing and rebuild them.
 # n is 0 when nothing is counted running (the counters were rebuilt after a Redis flush while groups
 # ran): then nothing moves. Lua writes -0 as "-0", which HINCRBY refuses ("not an integer"), so the
 # increments are skipped rather than made with 0.
 _FINISH = """
-redis.call('HSET', KEYS[1], 'finished_at', ARGV[4])
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'finished_at', ARGV[4]) end
 local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
 local n = math.min(tonumber(ARGV[1]), running)
 if n <= 0 then return 0 end
@@ -140,5 +141,5 @@ class AdmissionCounters:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.key)
             pipe.hset(self.key, mapping={"accepted": accepted, "running": running, "admitted": accepted + running,
-                                         "dropped": 0})
+                                         "dropped": 0, "finished_at": repr(time.time())})
             await pipe.execute()

@@ -46,9 +46,42 @@ def test_a_settled_group_needs_every_member_ended_and_an_unsettled_one_is_in_fli
     assert audit.trajectories_completed == 2 and audit.trajectories_aborted == {}
 
 
+def test_a_replacement_rollout_must_end_too():
+    tasks = [(Record("job.tasks", 0, 0), TaskSpec(group_id="g1", env="frozenlake", tag="t", group_size=2, seed=1))]
+    failed = [(Record(TOPIC, 0, 0), Abort(traj_id="g1-0", turn=1, reason="env_step_failed", group_id="g1",
+                                          replacement="g1-r0"))]
+    audit = Audit()
+    _audit_trajectories(audit, tasks, failed + completed(("g1-1", 1)), task_committed={0: 1})
+    assert audit.trajectories_lost == ["g1-r0"] and audit.replacements == 1
+    audit = Audit()
+    _audit_trajectories(audit, tasks, failed + completed(("g1-1", 1), ("g1-r0", 2)), task_committed={0: 1})
+    assert audit.trajectories_lost == [] and audit.trajectories_aborted == {"env_step_failed": 1}
+
+
 def test_copies_of_a_message_id_count_as_duplicates_produced():
     # g1-0 produced three times (two redeliveries after kills); an Abort of g1-1 is another message
     records = completed(("g1-0", 0), ("g1-1", 1), ("g1-0", 2), ("g1-0", 3))
     records.append((Record(TOPIC, 0, 4), Abort(traj_id="g1-1", turn=1, reason="redundant")))
     assert _extra_copies(records) == 2
     assert _extra_copies(completed(("g1-0", 0), ("g1-1", 1))) == 0
+
+
+def test_the_longest_stall_counts_from_the_last_step_to_the_end_and_fails_the_audit():
+    from rollart.chaos.audit import longest_stall
+
+    record = [{"step": 1, "time": 100.0}, {"event": "publish", "time": 101.0}, {"step": 2, "time": 110.0},
+              {"step": 3, "time": 115.0}]
+    assert longest_stall(record, ended_at=None) == 10.0
+    assert longest_stall(record, ended_at=415.0) == 300.0, "trained nothing after step 3"
+    assert not Audit(longest_stall_s=300.0, stall_limit_s=300.0).stalled
+    stalled = Audit(longest_stall_s=300.5, stall_limit_s=300.0)
+    assert stalled.stalled and not stalled.holds and stalled.as_dict()["stalled"]
+
+
+def test_trained_per_minute_leaves_out_the_start_up():
+    from rollart.chaos.run import trained_per_minute
+
+    record = [{"step": 1, "time": 1000.0, "samples": 16}, {"event": "publish", "time": 1001.0},
+              {"step": 2, "time": 1030.0, "samples": 16}, {"step": 3, "time": 1060.0, "samples": 14}]
+    assert trained_per_minute(record) == 30.0, "(16 + 14) trajectories in the minute after the first step"
+    assert trained_per_minute(record[:1]) is None

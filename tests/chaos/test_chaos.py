@@ -4,6 +4,7 @@ Scheduled (not random) so each fault type happens in CI: SIGKILL of generation (
 Redis flush, SIGKILL of the broker (the campaign's own Apache Kafka, restarted on its log), SIGKILL of
 the trainer, bad records into every consumed topic, SIGKILL of env, reward and feeder; configured
 throughout: env steps that hang or raise, a reward endpoint that fails (503 and 400) and stalls.
+Redundancy 0 (the default): members lost to env faults are replaced on demand; no stall is allowed.
 
 Under ``bus.processing_guarantee: exactly_once`` (the transactional hops' duplicates must be 0 on the
 log itself, not only in training); at-least-once with Redis de-duplication is what the kill, flush
@@ -54,7 +55,8 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(tiny_mo
            "ROLLART_HOME": str(tmp_path / "home"), "ROLLART_MODEL_PATH": str(tiny_model),
            "ROLLART_MODEL_INIT_TINY": "false", "ROLLART_BUS_PROCESSING_GUARANTEE": "exactly_once"}
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "chaos", "--steps", str(STEPS), "--interval", "1",
-                             "--schedule", ",".join(SCHEDULE), "--broker", "kafka", "--out", str(out)],
+                             "--schedule", ",".join(SCHEDULE), "--broker", "kafka", "--baseline-steps", "0",
+                             "--out", str(out)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -74,6 +76,8 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(tiny_mo
     assert audit["staleness_max"] <= 1 and audit["trained"] == STEPS * 16
     assert set(report["restarts"]) == {"gen-default-0", "trainer", "env-0", "reward-0", "feeder"}
     assert report["aborted"].get("env_step_failed", 0) > 0, "the env faults happened"
+    assert audit["replacements"] > 0, "redundancy 0: members lost to env faults were replaced"
+    assert not audit["stalled"] and audit["longest_stall_s"] > 0
     assert report["reward_calls"]["transient"] > 0 and report["reward_calls"]["slow"] > 0
     assert set(report["recovery_s"]) == {"kill", "redis-flush", "bad-messages"} | {f"kill:{s}" for s in KILLABLE} \
         | {"kill:broker"}

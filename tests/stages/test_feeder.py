@@ -138,3 +138,43 @@ async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endp
         assert (await counters.snapshot()).running == 2
         feeder.stop()
         await run
+
+
+async def test_counters_lost_to_a_redis_flush_are_rebuilt_from_the_log(endpoints):
+    """Regression (`rollart chaos`, five Redis flushes in 22 minutes): the rebuild counted every group
+    ever released as accepted, so groups dropped earlier held the bound shut after a flush and only
+    the starvation release moved the feeder, a batch of soon-stale groups at a time. Now: running =
+    the tasks the env group has not committed, accepted = the groups trained (version x batch)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from rollart.state import VersionStore
+
+    config = make_config(endpoints, feeder={"alpha": 1, "groups_per_batch": 2, "group_size": 1,
+                                            "poll_interval_s": 0.02, "starvation_release_s": None},
+                         tags={"frozenlake": {"env": "frozenlake"}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        feeder = Feeder(rt)
+        run = asyncio.create_task(feeder.run())
+        await eventually(lambda: _count(rt, 4), what="the bound at version 0: 4 groups")
+        # the env group ran every task (committed to the end), the trainer trained one batch ...
+        topic = f"{config.job}.tasks"
+        env = AIOKafkaConsumer(bootstrap_servers=endpoints.kafka_bootstrap, group_id=f"{config.job}.env",
+                               enable_auto_commit=False)
+        await env.start()
+        try:
+            partitions = next(t.partitions for t in expand_catalog(config) if t.name == topic)
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+            env.assign(tps)
+            await env.commit(await env.end_offsets(tps))
+        finally:
+            await env.stop()
+        await rt.redis.set(VersionStore(config, rt.endpoints, rt.redis).key, 1)
+        await rt.redis.delete(feeder.admission.key)  # ... and then Redis lost the counters
+        await eventually(lambda: _count(rt, 8), what="(1 + 1 + 1) x 2 = 6 places, 2 of them trained: 4 more groups")
+        await asyncio.sleep(0.3)
+        assert len(await _released(rt)) == 8
+        snap = await feeder.admission.snapshot()
+        assert (snap.accepted, snap.running) == (2, 4)
+        feeder.stop()
+        await run

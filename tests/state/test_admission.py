@@ -76,3 +76,13 @@ async def test_a_group_finishing_after_a_rebuild_with_nothing_running_moves_noth
     assert await counters.finish(groups=1, accepted=False) == 0
     snap = await counters.snapshot()
     assert (snap.accepted, snap.running, snap.dropped) == (3, 0, 0)
+
+
+async def test_a_group_finishing_after_a_flush_leaves_the_counters_missing_for_the_feeder_to_rebuild(runtime):
+    """A finish on flushed counters must not create them (at 0 accepted, 0 running the feeder would
+    find them and admit a whole bound's worth of groups past everything still in flight)."""
+    counters = _counters(runtime)
+    assert await counters.finish(groups=1, accepted=True, group_id="g1") == 0
+    assert not await runtime.redis.exists(counters.key)
+    await counters.rebuild(accepted=2, running=1)
+    assert (await counters.snapshot()).finished_at > 0, "a rebuild counts as a group ending (no release at once)"
