@@ -72,6 +72,7 @@ class ReplayFilter:
     max_reward: float | None = None
     abort_reason: str | None = None
     policy_version: int | None = None  # messages with tokens (or an admission/announcement) of this version
+    kind: str | None = None  # the message kind's name (ScoredTrajectory, GroupEnded, Abort, ...)
 
     def keeps(self, record, message: Any) -> bool:
         if self.partition is not None and record.partition != self.partition:
@@ -86,6 +87,8 @@ class ReplayFilter:
 
     def keeps_content(self, message: Any) -> bool:
         """The content filters; a message without the field a filter asks about does not pass it."""
+        if self.kind is not None and getattr(message, "KIND", None) != self.kind:
+            return False
         if self.tag is not None and tag_of(message) != self.tag:
             return False
         if self.min_reward is not None or self.max_reward is not None:

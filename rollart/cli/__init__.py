@@ -458,6 +458,9 @@ def replay_cmd(config: ConfigOption = None,
                max_reward: Annotated[Optional[float], typer.Option(help="Only rewards <= this.")] = None,
                abort_reason: Annotated[Optional[str], typer.Option(help="Only aborts with this reason.")] = None,
                policy_version: Annotated[Optional[int], typer.Option(help="Only messages of this policy version.")] = None,
+               kind: Annotated[Optional[str], typer.Option(help="Only this message kind, e.g. ScoredTrajectory "
+                                                                "(rewards.results also carries GroupEnded, Abort).")]
+               = None,
                follow: Annotated[bool, typer.Option(help="With --traj: the trajectory's history across every "
                                                          "topic (task, turns, aborts, completion, score).")] = False,
                refeed_to: Annotated[Optional[str], typer.Option(help="Copy the selected messages into this job's "
@@ -476,7 +479,7 @@ def replay_cmd(config: ConfigOption = None,
     flt = ReplayFilter(traj_id=traj, from_offset=from_offset, partition=partition, limit=limit,
                        since_ms=int(since * 1000) if since else None, until_ms=int(until * 1000) if until else None,
                        tag=tag, min_reward=min_reward, max_reward=max_reward, abort_reason=abort_reason,
-                       policy_version=policy_version)
+                       policy_version=policy_version, kind=kind)
 
     if follow:
         _follow_trajectory(cfg, traj, as_json, tokenizer)

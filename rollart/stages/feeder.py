@@ -138,16 +138,17 @@ class Feeder:
         accepted, the earlier rule, kept every group ever dropped in the bound: after a flush the
         feeder stayed held back and only the starvation release moved it, a batch of stale groups
         at a time.)"""
-        try:
-            rows = await consumer_lag(self.config, self.rt.endpoints)
+        try:  # nothing released yet (a new job): nothing to read
+            rows = await asyncio.wait_for(consumer_lag(self.config, self.rt.endpoints), 30) if released else []
             running = min(released, sum(r.lag for r in rows if r.group == "env" and r.topic == "tasks"))
-        except Exception as exc:  # noqa: BLE001 - e.g. no ACL to read the env group's offsets
+        except Exception as exc:  # noqa: BLE001 - e.g. no ACL to read the env group's offsets, or a timeout
             log.warning("admission counters lost and the env group's offsets unreadable (%s): counting every "
                         "released group as running", exc)
             running = released
         accepted = min(released - running, version * self.config.feeder.groups_per_batch)
-        log.warning("admission counters lost (Redis flushed?): rebuilt from the log as %d running, %d accepted",
-                    running, accepted)
+        if released:
+            log.warning("admission counters lost (Redis flushed?): rebuilt from the log as %d running, %d accepted",
+                        running, accepted)
         await self.admission.rebuild(accepted=accepted, running=running)
 
     async def _starvation_release(self, version: int) -> bool:

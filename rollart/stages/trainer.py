@@ -97,8 +97,7 @@ class TrainerStage:
         self.labels = (cfg.job,)
         for reason in DROP_REASONS:  # series at 0 from the start
             DROPPED.labels(*self.labels, reason)
-        # a group holds its members and its markers (its end, and a failed reward in a member's place)
-        self.max_in_flight = self.buffer.capacity * (cfg.feeder.group_size + 1)
+        self.max_in_flight = self.buffer.capacity * cfg.feeder.group_size
         self.admission = AdmissionCounters(rt.redis, prefix=cfg.redis.key_prefix, job=cfg.job)
 
     # -- the handler ----------------------------------------------------------------------------
