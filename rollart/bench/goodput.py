@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rollart.chaos.run import goodput_ratio, run_chaos
 from rollart.config import RollartConfig
 
 
@@ -19,7 +20,7 @@ def goodput_row(rate: float, result: dict[str, Any], fault_free: float | None) -
     audit = result["audit"]
     per_min = result["trained_per_min"]
     return {"env_failure_rate": rate, "steps": result["steps"], "trained_per_min": per_min,
-            "goodput_ratio": round(per_min / fault_free, 3) if per_min and fault_free else None,
+            "goodput_ratio": goodput_ratio(per_min, fault_free),
             "replacements": audit["replacements"], "aborted": sum(result["aborted"].values()),
             "lost": result["trajectories_lost"], "trained_twice": result["duplicates_trained"],
             "longest_stall_s": audit["longest_stall_s"], "audit_holds": audit["holds"]}
@@ -27,8 +28,6 @@ def goodput_row(rate: float, result: dict[str, Any], fault_free: float | None) -
 
 async def bench_goodput(config: RollartConfig, work: Path, *, job_yaml: Path | None, steps: int,
                         rates: tuple[float, ...]) -> dict[str, Any]:
-    from rollart.chaos.run import run_chaos
-
     baseline = await run_chaos(job_yaml, set(), steps=steps, out=work / "fault-free")
     fault_free = baseline["trained_per_min"]
     rows = [goodput_row(0.0, baseline, fault_free)]

@@ -165,6 +165,11 @@ def trained_per_minute(record: list[dict]) -> float | None:
     return 60.0 * sum(row["samples"] for row in steps[1:]) / (steps[-1]["time"] - steps[0]["time"])
 
 
+def goodput_ratio(per_min: float | None, fault_free: float | None) -> float | None:
+    """Trained per minute under faults ÷ the fault-free rate (None without both)."""
+    return round(per_min / fault_free, 3) if per_min and fault_free else None
+
+
 def with_stack(data: dict[str, Any], endpoints) -> dict[str, Any]:
     """The job config pointed at the campaign's stack."""
     data = {**data, "kafka": {**data.get("kafka", {}), "bootstrap": endpoints.kafka_bootstrap},
@@ -231,7 +236,7 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
     result = chaos_result(driver, audit, report, faults, server.counts)
     rate = trained_per_minute(record)
     result.update(trained_per_min=rate, fault_free_trained_per_min=baseline,
-                  goodput_ratio=round(rate / baseline, 3) if rate and baseline else None)
+                  goodput_ratio=goodput_ratio(rate, baseline))
     return result
 
 

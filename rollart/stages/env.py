@@ -72,7 +72,7 @@ ABORT_REASONS = ("env_reset_failed", "env_step_timeout", "env_step_failed", "gen
                  "stale", "redundant")
 GROUP_OUTCOMES = ("complete", "incomplete")
 # Ends for a fault of the rollout, not of the task's data: worth a fresh trajectory of the same task.
-REPLACEABLE = ABORT_REASONS[:5]
+REPLACEABLE = ("env_reset_failed", "env_step_timeout", "env_step_failed", "generation_timeout", "ownership_lost")
 
 
 def init_metrics(config: RollartConfig) -> None:
