@@ -22,7 +22,7 @@ import yaml
 
 from rollart.bench.session import bench_session
 from rollart.config import RollartConfig
-from rollart.local.stack import free_port
+from rollart.local.stack import die_with_parent, free_port, on_lasting_thread
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -54,9 +54,14 @@ def start_env_process(cfg: RollartConfig, work_dir: Path, port: int) -> subproce
     data = cfg.model_dump(mode="json", exclude_none=True, exclude={"deploy"})
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "ROLLART_METRICS_PORT": str(port), "ROLLART_METRICS_HOST": "127.0.0.1"}
-    log = open(work_dir / "scale-env.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "rollart.cli", "consume", "env", "--config", str(path)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    parent = os.getpid()
+
+    def popen() -> subprocess.Popen:  # a killed benchmark takes its env process with it
+        with open(work_dir / "scale-env.log", "wb") as log:
+            return subprocess.Popen([sys.executable, "-m", "rollart.cli", "consume", "env", "--config", str(path)],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=lambda: die_with_parent(parent=parent))
+    return on_lasting_thread(popen)
 
 
 async def bench_scale(config: RollartConfig, work_dir: Path, *, trajectories: int = 1000, turns: int = 4,

@@ -50,6 +50,8 @@ class Audit:
     bad_injected: int = 0
     bad_not_in_dlq: list[str] = field(default_factory=list)
     duplicates_produced: dict[str, int] = field(default_factory=dict)  # logical topic -> extra copies
+    # logical topic -> a few duplicated records, "<message id> @<partition>:<offset>,...", to debug them
+    duplicate_examples: dict[str, list[str]] = field(default_factory=dict)
     longest_stall_s: float = 0.0  # the longest time without a training step, from the first one to the end
     stall_limit_s: float | None = None
 
@@ -95,9 +97,8 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
     tasks = await _messages(config, endpoints, "tasks")
     completions = await _messages(config, endpoints, "trajectories.completed")
     results = await _messages(config, endpoints, "rewards.results")
-    audit.duplicates_produced = {topic: _extra_copies(messages) for topic, messages in
-                                 (("tasks", tasks), ("trajectories.completed", completions),
-                                  ("rewards.results", results))}
+    for topic, messages in (("tasks", tasks), ("trajectories.completed", completions), ("rewards.results", results)):
+        audit.duplicates_produced[topic], audit.duplicate_examples[topic] = _extra_copies(messages)
     _audit_trajectories(audit, tasks, completions, _committed(lag, "env", "tasks"))
     scored = {m.trajectory.traj_id for _, m in results if isinstance(m, ScoredTrajectory)}
     dead = await _dlq_sources(config, endpoints)
@@ -111,9 +112,14 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
     return audit
 
 
-def _extra_copies(messages) -> int:
-    """Records beyond the first of each message id."""
-    return sum(n - 1 for n in Counter(m.message_id() for _, m in messages).values())
+def _extra_copies(messages, examples: int = 8) -> tuple[int, list[str]]:
+    """Records beyond the first of each message id, and where the first few duplicated ids lie."""
+    where: dict[str, list[str]] = {}
+    for record, message in messages:
+        where.setdefault(message.message_id(), []).append(f"{record.partition}:{record.offset}")
+    copied = {mid: at for mid, at in where.items() if len(at) > 1}
+    return sum(len(at) - 1 for at in copied.values()), [f"{mid} @{','.join(at)}" for mid, at in
+                                                          list(copied.items())[:examples]]
 
 
 def _audit_rewards(audit: Audit, completed, scored: set[str], dead: set[tuple[str, int, int]],

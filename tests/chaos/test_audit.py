@@ -62,8 +62,8 @@ def test_copies_of_a_message_id_count_as_duplicates_produced():
     # g1-0 produced three times (two redeliveries after kills); an Abort of g1-1 is another message
     records = completed(("g1-0", 0), ("g1-1", 1), ("g1-0", 2), ("g1-0", 3))
     records.append((Record(TOPIC, 0, 4), Abort(traj_id="g1-1", turn=1, reason="redundant")))
-    assert _extra_copies(records) == 2
-    assert _extra_copies(completed(("g1-0", 0), ("g1-1", 1))) == 0
+    assert _extra_copies(records) == (2, ["traj:g1-0 @0:0,0:2,0:3"])  # where the copies lie, to debug them
+    assert _extra_copies(completed(("g1-0", 0), ("g1-1", 1))) == (0, [])
 
 
 def test_the_longest_stall_counts_from_the_last_step_to_the_end_and_fails_the_audit():

@@ -69,7 +69,8 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(tiny_mo
     # sees; the feeder's tasks are at-least-once (a killed feeder re-sends; env de-duplicates them)
     duplicates = report["duplicates_produced"]
     assert set(duplicates) == {"tasks", "trajectories.completed", "rewards.results"}
-    assert duplicates["trajectories.completed"] == 0 and duplicates["rewards.results"] == 0, duplicates
+    assert duplicates["trajectories.completed"] == 0 and duplicates["rewards.results"] == 0, \
+        (duplicates, audit["duplicate_examples"])
     assert isinstance(duplicates["tasks"], int) and duplicates["tasks"] >= 0
     assert audit["holds"] and report["stages_alive"] and report["faults_survived"] == report["faults_injected"]
     assert audit["bad_injected"] >= 4 * 5 and not audit["bad_not_in_dlq"], "every bad record dead-lettered"
