@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Iterable, Literal, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 from rollart import health
 from rollart.bus.dedup import Deduplicator
@@ -279,6 +279,10 @@ class ConsumerLoop:
 
     def _dispatch(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         self._tracker.dispatch(tp, record.offset)
+        if self._tracker.already_done(tp, record.offset):  # finished past the commit by the last owner
+            self._tracker.done(tp, record.offset)
+            MESSAGES_DEDUPLICATED.labels(*self._labels, self._physical.get(record.topic, record.topic)).inc()
+            return
         key = self._ordering_key(tp, record)
         predecessor = self._tails.get(key) if key is not None else None
         task = asyncio.create_task(self._process(tp, record, predecessor))
@@ -427,12 +431,12 @@ class ConsumerLoop:
             self._tracker.committed(offsets)
             self._export_lag(offsets)
 
-    def _export_lag(self, offsets: dict[TopicPartition, int]) -> None:
+    def _export_lag(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         for tp, committed in offsets.items():
             highwater = self._consumer.highwater(tp)
             if highwater is not None:
                 topic = self._physical.get(tp.topic, tp.topic)
-                CONSUMER_LAG.labels(*self._labels, topic, str(tp.partition)).set(max(0, highwater - committed))
+                CONSUMER_LAG.labels(*self._labels, topic, str(tp.partition)).set(max(0, highwater - committed.offset))
 
     async def _commit_periodically(self) -> None:
         while True:
@@ -464,6 +468,11 @@ class ConsumerLoop:
             await self.on_revoke(revoked)
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # Where each partition resumes, and what the last owner finished past that (commit metadata).
+        # The coordinator's own fetch (what consumer.committed() calls) is the one that returns metadata.
+        committed = await self._consumer._coordinator.fetch_committed_offsets(list(assigned)) if assigned else {}
+        for tp in assigned:
+            self._tracker.resume(tp, committed.get(tp))
         if self._paused:
             self._consumer.pause(*assigned)
         if self.on_assign is not None:

@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Any, Callable
 
-from aiokafka.structs import TopicPartition
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollart.bus.producer import BusProducer
 from rollart.config import RollartConfig
@@ -67,7 +67,8 @@ class Transaction:
                 self._acks.append(await self.producer.send(topic, message, **options))
             mark_done()
 
-    async def commit(self, to_commit: Callable[[], dict[TopicPartition, int]]) -> dict[TopicPartition, int]:
+    async def commit(self, to_commit: Callable[[], dict[TopicPartition, OffsetAndMetadata]]
+                     ) -> dict[TopicPartition, OffsetAndMetadata]:
         """Commit the open transaction with the offsets ``to_commit()`` gives under the lock; returns
         them. Nothing is committed when nothing was sent and no offset moved."""
         async with self._lock:
