@@ -185,8 +185,9 @@ class SamplingConfig(Section):
 class RewardSpec(Section):
     """How a tag's trajectories are scored (see rollart.rewards)."""
 
-    type: Literal["env", "rule", "http", "judge"] = "env"
+    type: Literal["env", "rule", "http", "judge", "python"] = "env"
     rule: Literal["math_answer", "format"] | None = None  # type=rule
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # type=python: module:fn
     url: str | None = None  # type=http
     token_env: str | None = None  # name of the env var holding the bearer token
     timeout_s: float = Field(default=10.0, gt=0)
@@ -199,6 +200,14 @@ class RewardSpec(Section):
     pool: str | None = None  # type=judge: the generation pool that serves the judge model
     judge_prompt: str = ("Rate the answer from 0 to 1.\nTask: {question}\nAnswer: {final_text}\nScore:")
     judge_max_tokens: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _type_needs_its_fields(self) -> "RewardSpec":
+        if self.type == "rule" and self.rule is None:
+            raise ValueError("type rule needs a rule name (rule: math_answer or format)")
+        if self.type == "python" and self.function is None:
+            raise ValueError("type python needs a function ('package.module:fn')")
+        return self
 
 
 class TagConfig(Section):

@@ -8,6 +8,9 @@ They say in code what the job config says in YAML:
     @register_serverless(tag="code", url="https://reward.example/score", token_env="REWARD_TOKEN")
     def code_reward(): ...  # the function body is not called: the endpoint scores
 
+    @register_reward(tag="math", timeout_s=5)
+    def math_reward(sample) -> float: ...  # called in the reward stage (type python, by import path)
+
 The config wins where both speak: an explicit ``tags.<tag>.pool`` or ``tags.<tag>.reward`` overrides a
 declaration; a declaration fills what the config leaves unset. Declarations live in the module that
 defines the env, so importing it (as the env registry does for ``package.module:Class``) registers them.
@@ -22,7 +25,7 @@ from rollart.config import RewardSpec, RollartConfig
 T = TypeVar("T")
 
 _POOLS: dict[str, str] = {}  # tag -> pool
-_REWARDS: dict[str, RewardSpec] = {}  # tag -> serverless reward
+_REWARDS: dict[str, RewardSpec] = {}  # tag -> serverless or python reward
 
 
 def hw_mapping(*, pool: str, tags: list[str] | tuple[str, ...]) -> Callable[[T], T]:
@@ -41,6 +44,18 @@ def register_serverless(*, tag: str, url: str, **options: Any) -> Callable[[T], 
     def register(target: T) -> T:
         _REWARDS[tag] = spec
         return target
+    return register
+
+
+def register_reward(*, tag: str, **options: Any) -> Callable[[T], T]:
+    """Score ``tag``'s trajectories with the decorated function (``type: python``, found again by its
+    import path in the reward stage: a module-level function, in the module that defines the env)."""
+    def register(fn: T) -> T:
+        path = f"{fn.__module__}:{fn.__qualname__}"
+        if "<locals>" in path:
+            raise ValueError(f"register_reward: {path} is not importable (define it at module level)")
+        _REWARDS[tag] = RewardSpec(type="python", function=path, **options)
+        return fn
     return register
 
 
@@ -66,5 +81,4 @@ def clear_declarations() -> None:
     _REWARDS.clear()
 
 
-__all__ = ["apply_declarations", "clear_declarations", "hw_mapping",
-           "register_serverless"]
+__all__ = ["apply_declarations", "clear_declarations", "hw_mapping", "register_reward", "register_serverless"]

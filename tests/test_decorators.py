@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollart.config import build_config
-from rollart.decorators import apply_declarations, clear_declarations, hw_mapping, register_serverless
+from rollart.decorators import apply_declarations, clear_declarations, hw_mapping, register_reward, register_serverless
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +45,16 @@ def test_the_config_wins_and_unknown_pools_fail():
     hw_mapping(pool="tpu", tags=["grid"])(object)
     with pytest.raises(ValueError, match="tpu"):
         apply_declarations(build_config({"tags": {"grid": {"env": "frozenlake"}}}))
+
+
+def test_a_registered_python_reward_is_found_by_its_import_path():
+    from rollart.stages.reward import check_rewards
+    from tests.rewards import python_rewards
+
+    register_reward(tag="math", timeout_s=2)(python_rewards.by_answer)
+    applied = apply_declarations(build_config({"tags": {"math": {"env": "math"}}}))
+    reward = applied.tags["math"].reward
+    assert (reward.type, reward.function, reward.timeout_s) == ("python", "tests.rewards.python_rewards:by_answer", 2)
+    check_rewards(applied)  # the reward stage can import it
+    with pytest.raises(ValueError, match="not importable"):
+        register_reward(tag="math")(lambda sample: 1.0)

@@ -355,8 +355,12 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
     from rollart.rollout.runner import rollout
 
     cfg = _config(config_path)
-    summary = _run(rollout(config_path, cfg, trajectories=trajectories, out=out, timeout_s=timeout,
-                           env_members=env_members, gen_members=gen_members, secure=secure))
+    try:
+        summary = _run(rollout(config_path, cfg, trajectories=trajectories, out=out, timeout_s=timeout,
+                               env_members=env_members, gen_members=gen_members, secure=secure))
+    except ConfigError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
     table = Table("tag", "completed", "reward mean", "turns mean", "success")
     for tag, row in summary["by_tag"].items():
         table.add_row(tag, str(row["completed"]), f"{row['reward_mean']:.3f}", f"{row['turns_mean']:.2f}",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 from rollart.envs.base import Env
 from rollart.envs.grid import FrozenLake, Sokoban
 from rollart.envs.math import ArithmeticMath
+from rollart.imports import import_by_path
 
 BUILTIN_ENVS: dict[str, Callable[..., Env]] = {
     "frozenlake": FrozenLake,
@@ -23,13 +23,12 @@ class UnknownEnvError(ValueError):
 def resolve_env_class(name: str) -> Callable[..., Env]:
     if name in BUILTIN_ENVS:
         return BUILTIN_ENVS[name]
-    module_name, sep, attr = name.partition(":")
-    if not sep:
+    if ":" not in name:
         raise UnknownEnvError(f"unknown env {name!r}: use one of {sorted(BUILTIN_ENVS)} or 'package.module:Class'")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownEnvError(f"cannot import env {name!r}: {exc}") from None
+        return import_by_path(name, "env")
+    except ValueError as exc:
+        raise UnknownEnvError(str(exc)) from None
 
 
 def make_env(name: str, kwargs: dict[str, Any] | None = None) -> Env:

@@ -1,4 +1,5 @@
-"""Scoring a completed trajectory where it is: the env's own reward, a local rule, or an HTTP function.
+"""Scoring a completed trajectory where it is: the env's own reward, a local rule, a Python function or
+an HTTP function.
 
 The reward bridge scores with this (and asks an LLM judge over the bus itself); the in-process loop
 of ``rollart bench time-to-quality`` scores with it directly, so both compute the same rewards.
@@ -11,6 +12,7 @@ import time
 from rollart.config import RewardSpec, RollartConfig
 from rollart.messages import CompletedTrajectory, ScoredTrajectory
 from rollart.rewards.http import HttpRewardClient
+from rollart.rewards.python import PythonReward, RewardInput
 from rollart.rewards.rules import RULES, last_turn_tokens
 
 DEFAULT_SPEC = RewardSpec()
@@ -23,16 +25,18 @@ def reward_spec(config: RollartConfig, tag: str) -> RewardSpec:
 
 def scored_trajectory(trajectory: CompletedTrajectory, reward: float, components: dict[str, float],
                       spec: RewardSpec) -> ScoredTrajectory:
-    return ScoredTrajectory(trajectory=trajectory, reward=reward, reward_components=components,
-                            scorer=spec.type if spec.type != "rule" else f"rule:{spec.rule}", scored_at=time.time())
+    scorer = {"rule": f"rule:{spec.rule}", "python": f"python:{spec.function}"}.get(spec.type, spec.type)
+    return ScoredTrajectory(trajectory=trajectory, reward=reward, reward_components=components, scorer=scorer,
+                            scored_at=time.time())
 
 
 class LocalScorer:
-    """``env``, ``rule`` and ``http`` rewards (one HTTP client per tag, kept open)."""
+    """``env``, ``rule``, ``python`` and ``http`` rewards (one HTTP client or loaded function per tag, kept)."""
 
     def __init__(self, chat):
         self.chat = chat
         self._http: dict[str, HttpRewardClient] = {}
+        self._python: dict[tuple[str, str], PythonReward] = {}  # (tag, function)
 
     async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
         """``(reward, components)``; the env reward is always a component, and part of the reward for
@@ -47,6 +51,10 @@ class LocalScorer:
             components.update(extra)
             components["http"] = reward
             return reward + (trajectory.env_reward if spec.include_env_reward else 0.0), components
+        elif spec.type == "python":
+            reward, extra = await self._function(trajectory.tag, spec).score(self.reward_input(trajectory))
+            components.update(extra)
+            return reward + (trajectory.env_reward if spec.include_env_reward else 0.0), components
         elif spec.type != "env":
             raise ValueError(f"reward type {spec.type!r} needs the bus (an LLM judge is a generation pool)")
         return sum(v for k, v in components.items() if k != "env") + env_part, components
@@ -55,6 +63,20 @@ class LocalScorer:
         if tag not in self._http:
             self._http[tag] = HttpRewardClient(spec)
         return self._http[tag]
+
+    def _function(self, tag: str, spec: RewardSpec) -> PythonReward:
+        key = (tag, spec.function)
+        if key not in self._python:
+            self._python[key] = PythonReward(spec)
+        return self._python[key]
+
+    def reward_input(self, trajectory: CompletedTrajectory) -> RewardInput:
+        return RewardInput(traj_id=trajectory.traj_id, group_id=trajectory.group_id, tag=trajectory.tag,
+                           env=trajectory.env, text=self.chat.decode(trajectory.token_ids),
+                           final_text=self.chat.decode_action(last_turn_tokens(trajectory)),
+                           token_ids=tuple(int(t) for t in trajectory.token_ids), turns=trajectory.turns,
+                           env_reward=trajectory.env_reward, labels=dict(trajectory.labels),
+                           metrics=dict(trajectory.metrics), trajectory=trajectory)
 
     def payload(self, trajectory: CompletedTrajectory) -> dict:
         return {
@@ -68,3 +90,5 @@ class LocalScorer:
     async def close(self) -> None:
         for client in self._http.values():
             await client.close()
+        for function in self._python.values():
+            function.close()

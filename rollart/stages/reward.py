@@ -1,7 +1,8 @@
 """The reward bridge: scores each completed trajectory as soon as it arrives.
 
 Per task tag a :class:`RewardSpec` says how: ``env`` (the env's own rewards), ``rule`` (a local rule
-such as the math answer check), ``http`` (a serverless function) or ``judge`` (an LLM judge served by a
+such as the math answer check), ``python`` (a function by import path, :mod:`rollart.rewards.python`),
+``http`` (a serverless function) or ``judge`` (an LLM judge served by a
 generation pool, asked over the bus like the env stage asks for actions: the verdict comes back on a
 ``rewards.judge`` partition this member owns). The env reward is kept as a
 component (and added, unless ``include_env_reward`` is off). A trajectory whose reward cannot be
@@ -21,7 +22,7 @@ import uuid
 from prometheus_client import Counter, Histogram
 
 from rollart.bus import MessageContext, PermanentError, StopRequest
-from rollart.config import RewardSpec, RollartConfig
+from rollart.config import ConfigError, RewardSpec, RollartConfig
 from rollart.envs.math import extract_answer
 from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GroupEnded, Int32Array, \
     SamplingParams
@@ -118,19 +119,26 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
     return scoring, bridge.judge.consumer_loop("reward-judge") if bridge.judge is not None else None
 
 
+def check_rewards(config: RollartConfig) -> None:
+    """Fail at start-up, naming the tag, not on the first trajectory: an http reward's url, a python
+    reward's import (the function is loaded here, so an import error says which tag)."""
+    from rollart.rewards.http import check_url
+    from rollart.rewards.python import load_reward_function
+
+    for tag, spec in config.tags.items():
+        try:
+            if spec.reward.type == "http":
+                check_url(spec.reward)
+            elif spec.reward.type == "python":
+                load_reward_function(spec.reward.function)
+        except ValueError as exc:
+            raise ConfigError(f"tags.{tag}.reward: {exc}") from None
+
+
 async def run_reward(config: RollartConfig, stop: StopRequest) -> None:
     from rollart.models.tiny import ensure_model
 
-    for tag, spec in config.tags.items():  # fail at start-up, naming the tag, not on the first trajectory
-        if spec.reward.type == "http":
-            from rollart.rewards.http import check_url
-
-            try:
-                check_url(spec.reward)
-            except ValueError as exc:
-                raise ValueError(f"tags.{tag}.reward: {exc}") from None
-        if spec.reward.type == "rule" and spec.reward.rule is None:
-            raise ValueError(f"tags.{tag}.reward: type rule needs a rule name")
+    check_rewards(config)
     member = f"reward-{socket.gethostname()}-{os.getpid()}"
     for tag, spec in config.tags.items():  # series at 0 from the start (no failures yet, not no data)
         FAILURES.labels(config.job, tag, spec.reward.type)
