@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rollart.envs.faults import FaultSpec
@@ -210,6 +210,17 @@ class RewardSpec(Section):
         return self
 
 
+class DatasetSpec(Section):
+    """A tag's prompt dataset (see rollart.datasets); a plain path is ``{path: ...}``."""
+
+    path: Path
+    format: Literal["auto", "jsonl", "parquet", "hf"] = "auto"  # auto: a directory is hf, *.parquet parquet
+    prompt_field: str = "prompt"
+    answer_field: str | None = "answer"  # given to rewards as the label "answer"; None: no answer
+    label_fields: tuple[str, ...] = ()  # more columns passed on as labels, under their own names
+    split: str | None = None  # a Hugging Face DatasetDict's split (default: train)
+
+
 class TagConfig(Section):
     """One task domain: its environment, generation pool, reward and sampling weight."""
 
@@ -217,10 +228,15 @@ class TagConfig(Section):
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     pool: str | None = None  # None: routing.default_pool
     weight: float = Field(default=1.0, ge=0)
-    dataset: Path | None = None  # JSONL of {"prompt": ..., "answer": ...} for prompt tasks
+    dataset: DatasetSpec | None = None  # prompt tasks: JSONL, parquet or a Hugging Face dataset directory
     max_turns: int | None = Field(default=None, ge=1)
     reward: RewardSpec = RewardSpec()
     faults: FaultSpec | None = None
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _path_is_a_dataset(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, (str, Path)) else value
 
 
 class RoutingConfig(Section):

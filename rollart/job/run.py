@@ -30,6 +30,7 @@ from rollart.messages import Abort, CompletedTrajectory, Envelope
 from rollart.models.tiny import ensure_model
 from rollart.rollout.runner import job_endpoints, run_config
 from rollart.runtime import open_runtime
+from rollart.stages.feeder import sources_from
 from rollart.stages.reward import check_rewards
 from rollart.stages.trainer import trainer_alpha
 from rollart.topics.admin import apply_topics
@@ -123,7 +124,8 @@ def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
 
 async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) -> dict:
     alpha = trainer_alpha(config)
-    check_rewards(config)  # a reward that cannot load fails here, naming its tag, not in a restarting stage
+    check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag, not in a stage
+    sources_from(config)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     job = _job_name(config, opts)

@@ -129,9 +129,11 @@ async def collect(config: RollartConfig, target: int, procs: StageProcesses, tim
 async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int, out: Path,
                   timeout_s: float = 900.0, env_members: int = 1, gen_members: int = 1, secure: bool = False) -> dict:
     """``secure``: on the run's own SASL_SSL Kafka, each stage logged in as its own ACL'd user."""
+    from rollart.stages.feeder import sources_from
     from rollart.stages.reward import check_rewards
 
-    check_rewards(config)  # a reward that cannot load fails here, naming its tag
+    check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag
+    sources_from(config)
     out.mkdir(parents=True, exist_ok=True)
     ensure_model(config.model)  # once, before the stages race to create it
     groups = math.ceil(trajectories / config.feeder.group_size) + 2 * env_members * config.env.max_groups

@@ -1,7 +1,8 @@
 """The feeder: turns the task sources into TaskSpec groups under the staleness admission bound.
 
-Each configured tag is a source with a sampling weight; a tag with a ``dataset`` (JSONL lines of
-``{"prompt": ..., "answer": ...}``) yields prompt tasks, others yield seeded env tasks. A group is
+Each configured tag is a source with a sampling weight; a tag with a ``dataset`` (JSONL, parquet or a
+Hugging Face dataset directory, see :mod:`rollart.datasets`) yields prompt tasks, others yield
+seeded env tasks. A group is
 released only while ``accepted + running < (alpha + version + 1) * groups_per_batch`` (see
 :mod:`rollart.state.admission`); ``feeder.alpha: null`` disables the bound (rollout without a trainer).
 Group ids are deterministic (``<job>-g<n>``) and the feeder resumes its count from Redis, so a
@@ -11,12 +12,10 @@ restarted feeder neither repeats nor skips groups.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
@@ -24,7 +23,8 @@ from rollart import health
 from rollart.bus.reader import read_to_end
 from rollart.bus.stopping import StopRequest
 from rollart.lag import consumer_lag
-from rollart.config import RollartConfig
+from rollart.config import ConfigError, RollartConfig
+from rollart.datasets import Row, load_rows
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
@@ -43,29 +43,22 @@ class Source:
     tag: str
     env: str
     weight: float
-    prompts: tuple[tuple[str, str], ...] = ()  # (prompt, answer)
-
-
-def load_dataset(path: Path) -> tuple[tuple[str, str], ...]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            rows.append((str(row["prompt"]), str(row["answer"])))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{n}: expected a JSON object with 'prompt' and 'answer' ({exc})") from None
-    if not rows:
-        raise ValueError(f"dataset {path} is empty")
-    return tuple(rows)
+    prompts: tuple[Row, ...] = ()  # (prompt, labels) rows of the tag's dataset
 
 
 def sources_from(config: RollartConfig) -> list[Source]:
     if not config.tags:
         raise ValueError("the feeder needs at least one entry under tags:")
-    return [Source(tag, spec.env, spec.weight, load_dataset(spec.dataset) if spec.dataset else ())
-            for tag, spec in config.tags.items() if spec.weight > 0]
+    sources = []
+    for tag, spec in config.tags.items():
+        if spec.weight <= 0:
+            continue
+        try:
+            rows = load_rows(spec.dataset) if spec.dataset else ()
+        except ValueError as exc:
+            raise ConfigError(f"tags.{tag}.dataset: {exc}") from None
+        sources.append(Source(tag, spec.env, spec.weight, rows))
+    return sources
 
 
 def task_spec(config: RollartConfig, sources: list[Source], n: int) -> TaskSpec:
@@ -75,8 +68,7 @@ def task_spec(config: RollartConfig, sources: list[Source], n: int) -> TaskSpec:
     source = rng.choices(sources, weights=[s.weight for s in sources])[0]
     prompt, labels = "", {}
     if source.prompts:
-        prompt, answer = source.prompts[rng.randrange(len(source.prompts))]
-        labels = {"answer": answer}
+        prompt, labels = source.prompts[rng.randrange(len(source.prompts))]
     cfg = config.feeder
     return TaskSpec(group_id=f"{config.job}-g{n}", env=source.env, tag=source.tag, group_size=cfg.group_size,
                     seed=rng.randrange(1 << 31), prompt=prompt, redundancy=cfg.redundancy, labels=labels,

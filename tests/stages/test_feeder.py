@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
 
 from rollart.bus.reader import read_to_end
 from rollart.messages import DEFAULT_CODEC
 from rollart.runtime import open_runtime
-from rollart.stages.feeder import Feeder, load_dataset, sources_from, task_spec
+from rollart.stages.feeder import Feeder, sources_from, task_spec
 from rollart.state import AdmissionCounters, VersionWriter
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
@@ -75,13 +74,6 @@ async def test_restarted_feeder_continues_where_it_stopped(endpoints):
     # the n-th task is a pure function of (seed, n): computed again, it is the task released
     again = [task_spec(config, sources_from(config), n) for n in range(5)]
     assert [(t.group_id, t.env, t.seed) for t in again] == [(t.group_id, t.env, t.seed) for t in released]
-
-
-def test_bad_dataset_names_the_line(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "x", "answer": "1"}\n{"prompt": "no answer"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
-        load_dataset(path)
 
 
 async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endpoints):
