@@ -371,6 +371,22 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
                   f"job {summary['job']}; summary in {out / 'summary.json'}")
 
 
+@app.command("report")
+def report_cmd(out: Annotated[Path, typer.Argument(help="A `rollart run --out` folder.")] = Path("out/run")) -> None:
+    """Rebuild OUT/report.json and report.png from the run's record (an interrupted or killed run)."""
+    from rollart.job.report import rebuild_report
+
+    try:
+        report = rebuild_report(out)
+    except ValueError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"{len(report['steps'])} steps of job {report['job']}; reward "
+                  f"{report['reward_first_steps'] if report['steps'] else float('nan'):+.3f} (first steps) -> "
+                  f"{report['reward_last_steps'] if report['steps'] else float('nan'):+.3f} (last steps); "
+                  f"{out / 'report.json'}")
+
+
 @app.command("run")
 def run_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML.")],
             steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 60,

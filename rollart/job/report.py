@@ -25,7 +25,9 @@ def _summary(values: list[float]) -> dict:
 
 
 def build_report(*, job: str, alpha: int, record: list[dict], loads: list[dict], monitor: dict,
-                 started_at: float, finished_at: float, restarts: dict[str, int]) -> dict:
+                 started_at: float, finished_at: float, restarts: dict[str, int], interrupted: bool = False) -> dict:
+    """``interrupted``: the run stopped before its steps (Ctrl-C, SIGTERM, a failure), or the report
+    was rebuilt from the record alone (``rollart report``): the figures cover what was trained."""
     rows = [r for r in record if "event" not in r]
     publishes = [r for r in record if r.get("event") == "publish"]
     trained = Counter(i for r in rows for i in r.get("traj_ids", ()))
@@ -62,7 +64,27 @@ def build_report(*, job: str, alpha: int, record: list[dict], loads: list[dict],
             "versions_loaded": len(loads),
         },
         "restarts": restarts,
+        "interrupted": interrupted,
     }
+
+
+def rebuild_report(out: Path) -> dict:
+    """The report of the run in ``out`` from its record alone (an interrupted or killed run, or a
+    report lost): steps, rewards and step times; no trajectory counts or weight-load figures."""
+    from rollart.training.checkpoint import CheckpointStore
+
+    try:
+        run = json.loads((out / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{out} holds no run (run.json: {exc})") from None
+    record = CheckpointStore(out / "checkpoints").read_record()
+    times = [r["time"] for r in record if "time" in r]
+    started = run.get("started_at") or (min(times) if times else 0.0)
+    report = build_report(job=run["job"], alpha=run.get("alpha"), record=record, loads=[], monitor={},
+                          started_at=started, finished_at=max(times, default=started), restarts={},
+                          interrupted=True)
+    write_report(report, out)
+    return report
 
 
 def write_report(report: dict, out: Path) -> None:

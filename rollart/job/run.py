@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -37,6 +38,8 @@ from rollart.topics.admin import apply_topics
 from rollart.training.checkpoint import CheckpointStore
 from rollart.weights.follower import loads_key
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Monitor:
@@ -46,6 +49,7 @@ class Monitor:
     aborted: Counter = field(default_factory=Counter)
     aborted_ids: set[str] = field(default_factory=set)
     tokens: int = 0
+    started_at: float = 0.0  # when the stages were started (the run's clock)
 
     async def handle(self, envelope: Envelope, ctx) -> None:
         message = envelope.message
@@ -132,30 +136,54 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
     checkpoints = CheckpointStore(out / "checkpoints")
     if not opts.resume:
         shutil.rmtree(checkpoints.root, ignore_errors=True)
-    (out / "run.json").write_text(json.dumps({"job": job, "config": str(config_path), "steps": opts.steps}))
+    (out / "run.json").write_text(json.dumps({"job": job, "config": str(config_path), "steps": opts.steps,
+                                              "alpha": alpha, "started_at": time.time()}))
     await asyncio.to_thread(ensure_model, config.model)  # once (with its warm start), before the stages race
-    with job_endpoints(config, out / "stack", mooncake=None) as endpoints:
+    monitor, restarts = Monitor(), Counter()
+    try:
+        loads = await _run_on_stack(config_path, config, job, opts, checkpoints, monitor, restarts)
+    except BaseException:  # Ctrl-C, SIGTERM or a failure, the stack down by now: a report of what was trained
+        _write_interrupted_report(job, alpha, checkpoints, monitor, restarts, out)
+        raise
+    report = build_report(job=job, alpha=alpha, record=checkpoints.read_record(), loads=loads,
+                          monitor=monitor.summary(), started_at=monitor.started_at, finished_at=time.time(),
+                          restarts=dict(restarts))
+    write_report(report, out)
+    return report
+
+
+async def _run_on_stack(config_path: Path, config: RollartConfig, job: str, opts: RunOptions,
+                        checkpoints: CheckpointStore, monitor: "Monitor", restarts: Counter) -> list[dict]:
+    """The stack and every stage, followed until the steps are trained, then stopped; the weight loads."""
+    with job_endpoints(config, opts.out / "stack", mooncake=None) as endpoints:
         cfg = run_config(config, endpoints, job)
         await apply_topics(cfg, endpoints)
-        procs = StageProcesses(config_path, endpoints, job, out / "logs", extra_env={
+        procs = StageProcesses(config_path, endpoints, job, opts.out / "logs", extra_env={
             "ROLLART_TRAINER_CHECKPOINT_DIR": str(checkpoints.root),
             "ROLLART_TRAINER_MAX_STEPS": str(opts.steps),
-            "ROLLART_WEIGHTS_FS_ROOT": str(out / "weights"),
+            "ROLLART_WEIGHTS_FS_ROOT": str(opts.out / "weights"),
             **shared_machine_threads(config),
-        }, metrics_targets=write_prometheus_config(out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity))
-        monitor, restarts = Monitor(), Counter()
-        started = time.time()
+        }, metrics_targets=write_prometheus_config(opts.out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity))
+        monitor.started_at = time.time()
         try:
             start_stages(procs, cfg, opts)
             await _follow(cfg, procs, monitor, checkpoints, restarts, opts)
         finally:
             procs.stop_all()
-        loads = await _weight_loads(cfg)
-    report = build_report(job=job, alpha=alpha, record=checkpoints.read_record(), loads=loads,
-                          monitor=monitor.summary(), started_at=started, finished_at=time.time(),
-                          restarts=dict(restarts))
-    write_report(report, out)
-    return report
+        return await _weight_loads(cfg)
+
+
+def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore, monitor: "Monitor",
+                              restarts: Counter, out: Path) -> None:
+    """The report of an interrupted run (no weight-load figures: the stack is going down); a failure
+    to write it is logged, never raised over the interruption itself."""
+    try:
+        report = build_report(job=job, alpha=alpha, record=checkpoints.read_record(), loads=[],
+                              monitor=monitor.summary(), started_at=monitor.started_at or time.time(),
+                              finished_at=time.time(), restarts=dict(restarts), interrupted=True)
+        write_report(report, out)
+    except Exception:  # noqa: BLE001
+        log.exception("could not write the interrupted run's report to %s", out)
 
 
 async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, checkpoints: CheckpointStore,

@@ -146,6 +146,8 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
     if sig != signal.SIGKILL:  # it unwound (stopped what it started), not died of the signal
         assert code >= 0, f"rollart run died of {signal.Signals(-code).name} instead of stopping:\n{output(tmp_path)}"
         assert not [pid for pid in pids if pid_alive(pid)], "unwound: its stack was stopped before it exited"
+        report = json.loads((out / "report.json").read_text())
+        assert report["interrupted"] and report["steps"] == [], "an interrupted run still reports (nothing trained)"
     assert_none_survive(tmp_path, pids + below)
 
 
