@@ -371,6 +371,27 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
                   f"job {summary['job']}; summary in {out / 'summary.json'}")
 
 
+@app.command("export")
+def export_cmd(checkpoint: Annotated[Path, typer.Argument(help="A step-N checkpoint, a checkpoints folder or a "
+                                                               "`rollart run --out` folder (its latest step).")],
+               out: Annotated[Path, typer.Option(help="The Hugging Face model directory to write.")],
+               config: ConfigOption = None,
+               base_model: Annotated[Optional[Path], typer.Option(help="The run's base model directory "
+                                                                       "(default: the config's model.path).")] = None,
+               ) -> None:
+    """Write a trainer checkpoint as a Hugging Face model directory (config, safetensors, tokenizer)."""
+    from rollart.training.export import export_checkpoint
+
+    base = base_model or _config(config).model.path
+    try:
+        info = export_checkpoint(checkpoint, base, out)
+    except (ValueError, OSError) as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"step {info['step']} (policy version {info['version']}, {info['parameters']:,} parameters) "
+                  f"of {info['checkpoint']} -> {out}")
+
+
 @app.command("report")
 def report_cmd(out: Annotated[Path, typer.Argument(help="A `rollart run --out` folder.")] = Path("out/run")) -> None:
     """Rebuild OUT/report.json and report.png from the run's record (an interrupted or killed run)."""
