@@ -362,6 +362,31 @@ TANSU_HAS_NO_TRANSACTIONS = ("bus.processing_guarantee: exactly_once needs Kafka
                              "broker here) does not have; use Apache Kafka or at_least_once")
 
 
+class TensorBoardTracking(Section):
+    dir: Path  # event files go to <dir>/<run name>
+
+
+class WandbTracking(Section):
+    project: str = "rollart"
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] = "offline"  # online needs WANDB_API_KEY
+    dir: Path | None = None
+
+
+class MlflowTracking(Section):
+    tracking_uri: str  # e.g. sqlite:///runs/mlflow.db (a local store), or http://mlflow:5000
+    experiment: str = "rollart"
+
+
+class TrackingConfig(Section):
+    """Experiment trackers the trainer logs each step to (see rollart.tracking); none by default."""
+
+    run_name: str | None = None  # default: the job name (a resumed trainer continues the run)
+    tensorboard: TensorBoardTracking | None = None
+    wandb: WandbTracking | None = None
+    mlflow: MlflowTracking | None = None
+
+
 class RollartConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ROLLART_",
@@ -388,6 +413,7 @@ class RollartConfig(BaseSettings):
     weights: WeightsConfig = WeightsConfig()
     trainer: TrainerConfig = TrainerConfig()
     tags: dict[str, TagConfig] = Field(default_factory=dict)
+    tracking: TrackingConfig = TrackingConfig()
     deploy: DeployConfig = DeployConfig()
 
     @model_validator(mode="after")

