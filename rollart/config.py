@@ -139,6 +139,11 @@ class TrainerConfig(Section):
     # with the members it has when at least this many were scored (advantages over those present), or
     # is dropped with the reason incomplete_group. None: feeder.group_size (only full groups train).
     min_group_size: int | None = Field(default=None, ge=1)
+    # The task mix: "weights" forms each batch with the tags' shares of groups_per_batch (by tag weight),
+    # waiting up to task_mix_wait_s for a slow tag's groups before other tags' groups fill its places;
+    # "arrival": the oldest trainable groups, whatever their tags (fast tasks crowd out slow ones).
+    task_mix: Literal["weights", "arrival"] = "weights"
+    task_mix_wait_s: float = Field(default=30.0, ge=0)
     samples: Literal["trajectory", "step"] = "trajectory"  # whole-trajectory samples, or one per LLM turn
     max_steps: int | None = Field(default=None, ge=1)  # stop after this many steps (None: run until stopped)
     checkpoint_dir: Path = Path(".rollart/checkpoints")
@@ -428,6 +433,19 @@ class RollartConfig(BaseSettings):
             raise ValueError(f"trainer.min_group_size {self.trainer.min_group_size} is more than feeder.group_size "
                              f"{self.feeder.group_size}")
         return self
+
+    def tag_quotas(self) -> dict[str, int]:
+        """Each weighted tag's groups in a batch under ``trainer.task_mix: weights`` (largest remainder
+        of ``groups_per_batch`` by weight); {} under ``arrival``."""
+        weights = {tag: spec.weight for tag, spec in self.tags.items() if spec.weight > 0}
+        if self.trainer.task_mix != "weights" or not weights:
+            return {}
+        size, total = self.feeder.groups_per_batch, sum(weights.values())
+        exact = {tag: size * w / total for tag, w in weights.items()}
+        quotas = {tag: int(share) for tag, share in exact.items()}
+        for tag in sorted(exact, key=lambda t: exact[t] - quotas[t], reverse=True)[:size - sum(quotas.values())]:
+            quotas[tag] += 1
+        return quotas
 
     def min_group_size(self) -> int:
         """The fewest scored members a group trains with (``trainer.min_group_size``, default the group)."""

@@ -91,7 +91,8 @@ class TrainerStage:
         self.buffer = SampleBuffer(group_size=cfg.feeder.group_size, groups_per_batch=cfg.feeder.groups_per_batch,
                                    alpha=trainer_alpha(cfg), capacity=cfg.trainer.capacity_groups,
                                    drop_uninformative=cfg.trainer.dynamic_sampling,
-                                   min_group_size=cfg.min_group_size())
+                                   min_group_size=cfg.min_group_size(), quotas=cfg.tag_quotas(),
+                                   mix_wait_s=cfg.trainer.task_mix_wait_s)
         self.buffer.trained.update(self.state.trained_ids)
         self.recent: deque[list[str]] = deque([self.state.trained_ids], maxlen=RECENT_STEPS_KEPT)
         self.offsets: dict[str, int] = dict(self.state.offsets)
@@ -335,8 +336,15 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
                     "incomplete_groups": st.evicted_full_groups + st.unfillable_groups,
                     "uninformative_groups": st.uninformative_groups, "late_members": st.late_members},
         "partial_groups": st.partial_groups,
+        "groups_by_tag": _groups_by_tag(samples),
+        "mix_shortfall": st.mix_shortfall,
         "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
     }
+
+
+def _groups_by_tag(samples: list[ScoredTrajectory]) -> dict[str, int]:
+    tags = {s.trajectory.group_id: s.trajectory.tag for s in samples}
+    return {tag: list(tags.values()).count(tag) for tag in sorted(set(tags.values()))}
 
 
 def _torch_threads() -> int | None:

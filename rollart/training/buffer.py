@@ -10,6 +10,11 @@
   ``min_group_size`` (a partial group, advantages over those present) or is dropped at once, instead
   of waiting until the buffer overflows. These markers are held like samples (keys ``<group>#ended``,
   ``<traj>#failed``) and settled with their group.
+* The task mix: with ``quotas`` (each tag's groups per batch, from the tags' weights) a batch takes
+  the oldest trainable groups of each tag up to its quota; a tag short of groups is waited for up to
+  ``mix_wait_s`` (from when a batch could first have formed), then other tags' oldest groups fill its
+  places (counted: ``mix_shortfall``). A fast tag's surplus stays buffered for later batches (and is
+  evicted if it goes stale). Without quotas a batch is the oldest trainable groups.
 * Memory is bounded: at most ``capacity`` groups are held; :meth:`full` tells the consumer to pause
   (backpressure) instead of growing without limit when the trainer is slower than rollout. With the
   feeder's admission bound, ``(alpha + 1) * groups_per_batch`` groups are the most that can be useful.
@@ -17,6 +22,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -28,6 +34,7 @@ ENDED, FAILED = "#ended", "#failed"  # marker keys: <group id>#ended, <traj id>#
 @dataclass
 class Group:
     group_id: str
+    tag: str | None = None
     members: dict[str, ScoredTrajectory] = field(default_factory=dict)
     expected: frozenset[str] | None = None  # the members that completed, once the group ended
     failed: set[str] = field(default_factory=set)  # completed members whose reward failed
@@ -58,13 +65,18 @@ class BufferStats:
     late_members: int = 0  # arrived after their group was dropped (stale or incomplete): dropped too
     partial_groups: int = 0  # trained with fewer than group_size members (min_group_size)
     unfillable_groups: int = 0  # ended with fewer than min_group_size scored: dropped at once
+    mix_shortfall: int = 0  # batch places of a tag short of groups, filled by other tags after mix_wait_s
     batches: int = 0
 
 
 class SampleBuffer:
     def __init__(self, *, group_size: int, groups_per_batch: int, alpha: int, capacity: int | None = None,
-                 drop_uninformative: bool = False, min_group_size: int | None = None):
+                 drop_uninformative: bool = False, min_group_size: int | None = None,
+                 quotas: dict[str, int] | None = None, mix_wait_s: float = 0.0):
         self.drop_uninformative = drop_uninformative
+        self.quotas = {tag: n for tag, n in (quotas or {}).items() if n > 0}
+        self.mix_wait_s = mix_wait_s
+        self._short_since: float | None = None  # a batch could have formed but for the mix, since
         self.group_size = group_size
         self.min_group_size = min_group_size or group_size
         self.groups_per_batch = groups_per_batch
@@ -94,7 +106,7 @@ class SampleBuffer:
         if traj.group_id in self.dropped or traj.group_id in self.trained_groups:
             self.stats.late_members += 1
             return False
-        group = self._group(traj.group_id)
+        group = self._group(traj.group_id, traj.tag)
         if len(group.members) >= self.group_size:
             self.stats.overflow += 1
             return False
@@ -102,10 +114,11 @@ class SampleBuffer:
         self.stats.added += 1
         return True
 
-    def _group(self, group_id: str) -> Group:
+    def _group(self, group_id: str, tag: str | None) -> Group:
         group = self.groups.get(group_id)
         if group is None:
             group = self.groups[group_id] = Group(group_id)
+        group.tag = group.tag or tag
         return group
 
     def _closed(self, group_id: str, traj_ids) -> bool:
@@ -117,7 +130,7 @@ class SampleBuffer:
         group = self.groups.get(ended.group_id)
         if self._closed(ended.group_id, ended.completed) or (group is not None and group.expected is not None):
             return False
-        group = self._group(ended.group_id)
+        group = self._group(ended.group_id, ended.tag)
         group.expected = frozenset(ended.completed)
         group.markers.append(ended.group_id + ENDED)
         return True
@@ -127,7 +140,7 @@ class SampleBuffer:
         group = self.groups.get(aborted.group_id)
         if self._closed(aborted.group_id, ()) or (group is not None and aborted.traj_id in group.failed):
             return False
-        group = self._group(aborted.group_id)
+        group = self._group(aborted.group_id, aborted.tag)
         group.failed.add(aborted.traj_id)
         group.markers.append(aborted.traj_id + FAILED)
         return True
@@ -196,14 +209,18 @@ class SampleBuffer:
         """The groups a batch can take: full ones and trainable partial ones, oldest first."""
         return [g for g in self.groups.values() if self.trainable(g)]
 
-    def take_batch(self, current_version: int) -> list[Group] | None:
-        """The oldest ``groups_per_batch`` trainable, fresh groups, or None if there are not enough yet.
-        Stale groups are evicted first (a caller that must know which calls :meth:`evict_stale` itself)."""
+    def take_batch(self, current_version: int, now: float | None = None) -> list[Group] | None:
+        """``groups_per_batch`` trainable, fresh groups (the oldest, in the task mix's shares), or None
+        if there are not enough yet. Stale groups are evicted first (a caller that must know which
+        calls :meth:`evict_stale` itself). ``now``: monotonic seconds (the mix's wait)."""
         self.evict_stale(current_version)
         complete = self.complete_groups()
         if len(complete) < self.groups_per_batch:
+            self._short_since = None
             return None
-        batch = complete[: self.groups_per_batch]
+        batch = self._mixed(complete, time.monotonic() if now is None else now)
+        if batch is None:
+            return None
         for group in batch:
             del self.groups[group.group_id]
             self.trained.update(group.members)
@@ -211,3 +228,23 @@ class SampleBuffer:
             self.stats.partial_groups += len(group.members) < self.group_size
         self.stats.batches += 1
         return batch
+
+    def _mixed(self, complete: list[Group], now: float) -> list[Group] | None:
+        """The batch from ``complete`` (oldest first) under the quotas; None while waiting for a short tag."""
+        if not self.quotas:
+            return complete[: self.groups_per_batch]
+        picked: list[Group] = []
+        for tag, quota in self.quotas.items():
+            picked += [g for g in complete if g.tag == tag][:quota]
+        short = self.groups_per_batch - len(picked)
+        if short > 0:
+            if self._short_since is None:
+                self._short_since = now
+            if now - self._short_since < self.mix_wait_s:
+                return None
+            chosen = {id(g) for g in picked}
+            picked += [g for g in complete if id(g) not in chosen][:short]
+            self.stats.mix_shortfall += short
+        self._short_since = None
+        order = {id(g): i for i, g in enumerate(complete)}
+        return sorted(picked, key=lambda g: order[id(g)])

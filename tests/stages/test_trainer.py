@@ -284,3 +284,20 @@ async def test_each_step_goes_to_the_configured_trackers(trainer, loops, tmp_pat
     rewards = [(e.step, e.value) for e in events.Scalars("train/reward_mean")]
     assert rewards == [(r["step"], r["reward_mean"]) for r in trainer.steps()] == [(1, 0.5), (2, 0.5)]
     assert "train/loss/grad_norm" in events.Tags()["scalars"], "the backend's loss terms too"
+
+
+@pytest.mark.trainer(tags={"fast": {"env": "frozenlake"}, "slow": {"env": "frozenlake"}})
+async def test_a_fast_tag_does_not_crowd_a_slow_one_out_of_the_batches(trainer, loops):
+    job = trainer.config.job
+
+    def of(tag: str, group: int) -> list[ScoredTrajectory]:
+        return [replace(s, trajectory=replace(s.trajectory, tag=tag))
+                for s in (scored(group, m, reward=float(m), job=job) for m in range(2))]
+
+    await trainer.start(loops)
+    await trainer.produce([s for g in range(3) for s in of("fast", g)])
+    await asyncio.sleep(2.0)  # three fast groups, enough for a batch of two: held for the slow tag's share
+    assert trainer.steps() == [] and len(trainer.stage.buffer.complete_groups()) == 3
+    await trainer.produce(of("slow", 10))
+    await eventually(lambda: len(trainer.steps()) == 1, what="a step once the slow tag has a group")
+    assert trainer.steps()[0]["groups_by_tag"] == {"fast": 1, "slow": 1}

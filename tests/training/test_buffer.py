@@ -129,3 +129,43 @@ def test_a_revoked_marker_is_taken_back_and_counted_again_when_redelivered():
     assert buf.take_batch(0) is None, "without its end the group may still fill"
     assert buf.end(ended("g", 0, 1)) and buf.member_failed(reward_failed("g", 1))
     assert [sorted(g.members) for g in buf.take_batch(0)] == [["g-0"]]
+
+
+def tagged(group: str, tag: str, version: int = 4) -> ScoredTrajectory:
+    s = scored(group, 0, version)
+    return replace(s, trajectory=replace(s.trajectory, tag=tag))
+
+
+def test_batches_keep_the_task_mix_and_wait_a_while_for_a_slow_tag():
+    """Two tags of equal weight, a fast one and a slow one: half of each batch is the slow tag's,
+    the fast tag's surplus waits; past mix_wait_s with the slow tag short, the fast tag fills in."""
+    buf = SampleBuffer(group_size=1, groups_per_batch=4, alpha=1, capacity=20, quotas={"fast": 2, "slow": 2},
+                       mix_wait_s=10.0)
+    for i in range(6):
+        buf.add(tagged(f"f{i}", "fast"))
+    buf.add(tagged("s0", "slow"))
+    assert buf.take_batch(current_version=4, now=100.0) is None, "one slow group of two: wait"
+    buf.add(tagged("s1", "slow"))
+    batch = buf.take_batch(current_version=4, now=101.0)
+    assert [g.group_id for g in batch] == ["f0", "f1", "s0", "s1"], "2 + 2, oldest first"
+    assert [g.group_id for g in buf.groups.values()] == ["f2", "f3", "f4", "f5"], "the fast surplus waits"
+    buf.add(tagged("s2", "slow"))
+    assert buf.take_batch(current_version=4, now=200.0) is None
+    assert buf.take_batch(current_version=4, now=209.0) is None, "still within mix_wait_s"
+    batch = buf.take_batch(current_version=4, now=210.5)
+    assert sorted(g.group_id for g in batch) == ["f2", "f3", "f4", "s2"] and buf.stats.mix_shortfall == 1
+
+
+def test_the_tags_weights_give_each_tags_share_of_a_batch():
+    from rollart.config import build_config
+
+    def quotas(weights: dict, size: int, mix: str = "weights") -> dict:
+        return build_config({"feeder": {"groups_per_batch": size}, "trainer": {"task_mix": mix},
+                             "tags": {t: {"env": "frozenlake", "weight": w} for t, w in weights.items()}}).tag_quotas()
+
+    assert quotas({"a": 1, "b": 1}, 4) == {"a": 2, "b": 2}
+    assert quotas({"a": 2, "b": 1, "c": 1}, 8) == {"a": 4, "b": 2, "c": 2}
+    assert quotas({"a": 1, "b": 1, "c": 1}, 4) in ({"a": 2, "b": 1, "c": 1}, {"a": 1, "b": 2, "c": 1},
+                                                    {"a": 1, "b": 1, "c": 2})
+    assert sum(quotas({"a": 3, "b": 0, "c": 1}, 5).values()) == 5 and "b" not in quotas({"a": 3, "b": 0}, 5)
+    assert quotas({"a": 1, "b": 1}, 4, mix="arrival") == {}
