@@ -437,15 +437,20 @@ class RollartConfig(BaseSettings):
     def tag_quotas(self) -> dict[str, int]:
         """Each weighted tag's groups in a batch under ``trainer.task_mix: weights`` (largest remainder
         of ``groups_per_batch`` by weight); {} under ``arrival``."""
-        weights = {tag: spec.weight for tag, spec in self.tags.items() if spec.weight > 0}
-        if self.trainer.task_mix != "weights" or not weights:
+        if self.trainer.task_mix != "weights":
             return {}
-        size, total = self.feeder.groups_per_batch, sum(weights.values())
-        exact = {tag: size * w / total for tag, w in weights.items()}
-        quotas = {tag: int(share) for tag, share in exact.items()}
-        for tag in sorted(exact, key=lambda t: exact[t] - quotas[t], reverse=True)[:size - sum(quotas.values())]:
-            quotas[tag] += 1
-        return quotas
+        return self.tag_shares(self.feeder.groups_per_batch)
+
+    def tag_shares(self, total: int) -> dict[str, int]:
+        """``total`` split over the weighted tags by weight (largest remainder: the parts sum to it)."""
+        weights = {tag: spec.weight for tag, spec in self.tags.items() if spec.weight > 0}
+        if not weights:
+            return {}
+        exact = {tag: total * w / sum(weights.values()) for tag, w in weights.items()}
+        shares = {tag: int(share) for tag, share in exact.items()}
+        for tag in sorted(exact, key=lambda t: exact[t] - shares[t], reverse=True)[:total - sum(shares.values())]:
+            shares[tag] += 1
+        return shares
 
     def min_group_size(self) -> int:
         """The fewest scored members a group trains with (``trainer.min_group_size``, default the group)."""

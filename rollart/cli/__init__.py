@@ -361,9 +361,10 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
     except ConfigError as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    table = Table("tag", "completed", "reward mean", "turns mean", "success")
+    table = Table("tag", "completed", "share", "reward mean", "turns mean", "success")
     for tag, row in summary["by_tag"].items():
-        table.add_row(tag, str(row["completed"]), f"{row['reward_mean']:.3f}", f"{row['turns_mean']:.2f}",
+        share = "-" if row.get("share") is None else f"{row['share']} ({'met' if row['completed'] >= row['share'] else 'short'})"
+        table.add_row(tag, str(row["completed"]), share, f"{row['reward_mean']:.3f}", f"{row['turns_mean']:.2f}",
                       f"{row['success_rate']:.0%}")
     console.print(table)
     console.print(f"completed {summary['completed']}, aborted {summary['aborted']}, "

@@ -67,18 +67,29 @@ async def stage_logins(config: RollartConfig, endpoints: Endpoints) -> dict[tupl
 
 
 class Collector:
-    def __init__(self, target: int):
+    """Collects scored trajectories until ``target`` and, with ``shares`` (tag -> trajectories, the tags'
+    weights applied to the target), until every tag has its share: a fast tag does not fill the
+    rollout alone."""
+
+    def __init__(self, target: int, shares: dict[str, int] | None = None):
         self.target = target
+        self.shares = shares or {}
         self.scored: dict[str, ScoredTrajectory] = {}
+        self.per_tag: Counter = Counter()
         self.aborted: Counter = Counter()
         self.aborted_ids: set[str] = set()
         self.done = asyncio.Event()
 
+    def complete(self) -> bool:
+        return len(self.scored) >= self.target and all(self.per_tag[t] >= n for t, n in self.shares.items())
+
     async def handle(self, envelope: Envelope, ctx) -> None:
         message = envelope.message
         if isinstance(message, ScoredTrajectory):
-            self.scored.setdefault(message.trajectory.traj_id, message)
-            if len(self.scored) >= self.target:
+            if message.trajectory.traj_id not in self.scored:
+                self.scored[message.trajectory.traj_id] = message
+                self.per_tag[message.trajectory.tag] += 1
+            if self.complete():
                 self.done.set()
         elif isinstance(message, Abort) and message.traj_id not in self.aborted_ids:
             self.aborted_ids.add(message.traj_id)
@@ -94,6 +105,7 @@ class Collector:
             "aborted": dict(self.aborted),
             "by_tag": {tag: {
                 "completed": len(items),
+                "share": self.shares.get(tag),
                 "reward_mean": sum(s.reward for s in items) / len(items),
                 "turns_mean": sum(s.trajectory.turns for s in items) / len(items),
                 "success_rate": sum(s.trajectory.metrics.get("success", 0.0) for s in items) / len(items),
@@ -105,7 +117,7 @@ class Collector:
 
 
 async def collect(config: RollartConfig, target: int, procs: StageProcesses, timeout_s: float) -> Collector:
-    collector = Collector(target)
+    collector = Collector(target, config.tag_shares(target))
     async with open_runtime(config, client_id="rollout-collector", serve=False) as rt:
         loop = rt.consumer_loop("rollout-collector", ["rewards.results", "trajectories.completed"], collector.handle,
                                 ordering="none", dedup=False)
@@ -117,7 +129,8 @@ async def collect(config: RollartConfig, target: int, procs: StageProcesses, tim
                 if failed:
                     raise RuntimeError(f"stage(s) {failed} failed; last log lines:\n" + procs.tail(failed[0]))
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"collected {len(collector.scored)} of {target} trajectories in {timeout_s}s")
+                    raise TimeoutError(f"collected {len(collector.scored)} of {target} trajectories in {timeout_s}s "
+                                       f"(per tag {dict(collector.per_tag)}, shares {collector.shares})")
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(collector.done.wait(), 0.5)
         finally:
@@ -136,7 +149,9 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
     sources_from(config)
     out.mkdir(parents=True, exist_ok=True)
     ensure_model(config.model)  # once, before the stages race to create it
-    groups = math.ceil(trajectories / config.feeder.group_size) + 2 * env_members * config.env.max_groups
+    # tags are drawn at random by weight: room for the rarest tag to reach its share (the collector stops
+    # the rollout once every tag has it, so the slack is rarely released)
+    groups = 3 * math.ceil(trajectories / config.feeder.group_size) + 2 * env_members * config.env.max_groups
     with job_endpoints(config, out / "stack", secure=secure) as endpoints:
         job = f"{config.job}-{uuid.uuid4().hex[:6]}"
         cfg = run_config(config, endpoints, job)

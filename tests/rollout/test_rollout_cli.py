@@ -23,9 +23,13 @@ def test_rollout_mixed_then_replay(stack, tiny_model, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] >= 12
-    assert set(summary["by_tag"]) <= {"frozenlake", "sokoban", "math"} and summary["by_tag"]
+    # the configured mix holds: every tag has its share by weight of the 12, however fast each one is
+    assert set(summary["by_tag"]) == {"frozenlake", "sokoban", "math"}
+    assert sum(row["share"] for row in summary["by_tag"].values()) == 12
     for row in summary["by_tag"].values():
         assert {"completed", "reward_mean", "turns_mean"} <= set(row) and row["turns_mean"] >= 1
+        assert row["completed"] >= row["share"] > 0
+    assert "(met)" in result.stdout and "(short)" not in result.stdout
     assert summary["tokens_generated"] > 0
     assert all(isinstance(v, int) for v in summary["aborted"].values())
     assert set(summary["aborted"]) <= {"redundant"}, "nothing but the redundant extras is aborted here"
