@@ -3,10 +3,10 @@
 `rollart run`, on a stack of its own (the broker, an embedded Redis where none answers, the Mooncake
 store where installed), is stopped each way; then neither a recorded pid, nor a process that was below
 the runner, nor any process naming the test's folder (a stage's --config, a service's ROLLART_STACK
-mark) may be left. `rollout`, `chaos`, `soak` and `bench` start their stacks through the same
-job_endpoints (so the same guard) and get the same SIGTERM handling from the same CLI callback, which
-a test checks per command. Two more: a service forked from a passing thread outlives that thread
-(the death signal follows the forking thread), and a stack's next start reaps a dead owner's leftovers.
+mark) may be left. `rollout` (SIGKILL), `chaos` (SIGTERM), `soak` (SIGINT) and `bench` (SIGKILL) are
+each stopped one of the three ways the same way, and a test checks that every runner command gets
+the SIGTERM handling. Two more: a service forked from a passing thread outlives that thread (the
+death signal follows the forking thread), and a stack's next start reaps a dead owner's leftovers.
 
 Cost (a CI on 2 cores): SIGINT and SIGTERM arrive once the stack is up, before the stages start
 (stages told to stop while they import torch take tens of seconds to leave, and stopping them is
@@ -215,3 +215,41 @@ def test_the_next_start_reaps_a_dead_owners_services_and_nothing_else(tmp_path):
         for proc in (marked, stranger):
             proc.kill()
             proc.wait()
+
+
+def _stack_file(tmp_path: Path) -> Path | None:
+    return next(tmp_path.rglob(STACK_FILE), None)
+
+
+OTHER_RUNNERS = {  # the rest of the runners, each stopped one of the three ways
+    "rollout": (signal.SIGKILL, lambda job, out: ["rollout", job, "--trajectories", "200", "--out", str(out)]),
+    "chaos": (signal.SIGTERM, lambda job, out: ["chaos", job, "--steps", "20", "--baseline-steps", "0",
+                                                "--broker", "kafka", "--out", str(out / "result.json")]),
+    "soak": (signal.SIGINT, lambda job, out: ["soak", job, "--minutes", "5", "--out", str(out / "result.json")]),
+    "bench": (signal.SIGKILL, lambda job, out: ["bench", "serverless-reward", "-c", job, "--out", str(out / "b.json")]),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("runner", sorted(OTHER_RUNNERS))
+def test_the_other_runners_leave_nothing_behind(runner, tiny_model, tmp_path):
+    """Each is stopped once its own stack is up (a bench's is in a temporary folder: TMPDIR is the
+    test's); then nothing of that stack, nor anything below the runner, may be left."""
+    sig, argv = OTHER_RUNNERS[runner]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**JOB, "model": {"path": str(tiny_model)}}))
+    (tmp_path / "tmp").mkdir()
+    proc = start([*ROLLART, *argv(str(tmp_path / "job.yaml"), tmp_path / "out")], tmp_path,
+                 _env(tmp_path, TMPDIR=str(tmp_path / "tmp")))
+    try:
+        wait_for(lambda: _stack_file(tmp_path) is not None, proc, "its stack", tmp_path)
+        wait_for(lambda: StackState.read(_stack_file(tmp_path)) is not None, proc, "its stack's state", tmp_path)
+        pids = stack_pids(_stack_file(tmp_path))
+        code, below = stop(proc, sig)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig != signal.SIGKILL:
+        assert code >= 0, f"rollart {runner} died of {signal.Signals(-code).name} instead of stopping:\n" \
+                          f"{output(tmp_path)}"
+    assert_none_survive(tmp_path, pids + below)
