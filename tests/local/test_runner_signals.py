@@ -4,7 +4,7 @@
 store where installed), is stopped each way; then neither a recorded pid, nor a process that was below
 the runner, nor any process naming the test's folder (a stage's --config, a service's ROLLART_STACK
 mark) may be left. `rollout` (SIGKILL), `chaos` (SIGTERM), `soak` (SIGINT) and `bench` (SIGKILL) are
-each stopped one of the three ways the same way, and a test checks that every runner command gets
+each stopped one of the three ways once their stack is up, and a test checks that every runner gets
 the SIGTERM handling. Two more: a service forked from a passing thread outlives that thread (the
 death signal follows the forking thread), and a stack's next start reaps a dead owner's leftovers.
 
