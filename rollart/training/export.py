@@ -37,7 +37,9 @@ def trained_state(checkpoint: Path, hf_config) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)["model"]
     except Exception:  # noqa: BLE001 - a Megatron checkpoint keeps extra state that is not a tensor
-        state = torch.load(file, map_location="cpu", weights_only=False)["model"]  # our own file, as the backend
+        from rollart.training.megatron_backend import checkpoint_model_state
+
+        state = checkpoint_model_state(file)
     state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     if any(k.startswith("model.") for k in state):
         return state

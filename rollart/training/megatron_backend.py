@@ -69,6 +69,12 @@ def megatron_to_qwen2(mg: dict[str, torch.Tensor], *, layers: int, heads: int, k
     return out
 
 
+def checkpoint_model_state(file: Path) -> dict:
+    """The model state of a checkpoint this backend wrote (its own file, never message content; the
+    extra state Transformer Engine keeps is not a tensor, so weights_only cannot read it)."""
+    return torch.load(file, map_location="cpu", weights_only=False)["model"]
+
+
 def shape_args(hf_config) -> dict[str, int]:
     heads = hf_config.num_attention_heads
     return {"layers": hf_config.num_hidden_layers, "heads": heads,
