@@ -40,6 +40,7 @@ class Audit:
     trajectories_aborted: dict[str, int] = field(default_factory=dict)  # by reason
     trajectories_lost: list[str] = field(default_factory=list)
     replacements: int = 0  # replacement rollouts started for members ended by a fault
+    reward_replacements: int = 0  # replacement tasks released for dead-lettered members
     unscored: list[str] = field(default_factory=list)  # completed, committed by reward, neither scored nor DLQ'd
     scored: int = 0
     reward_dead_lettered: int = 0
@@ -151,20 +152,23 @@ def _audit_trajectories(audit: Audit, tasks, completions, task_committed: dict[i
         else:
             aborted[status.split(": ", 1)[1]] += 1
     audit.trajectories_aborted = dict(aborted)
-    seen_groups = set()
+    seen = set()
     for record, task in tasks:
-        if not isinstance(task, TaskSpec) or task.group_id in seen_groups:
+        if not isinstance(task, TaskSpec) or task.message_id() in seen:
             continue
-        seen_groups.add(task.group_id)
-        audit.groups_released += 1
+        seen.add(task.message_id())
+        audit.groups_released += not task.replaces  # a replacement task belongs to its group
         if record.offset >= task_committed.get(record.partition, 0):
             continue  # in flight at the stop: its task is redelivered to whoever runs the env stage next
-        audit.groups_settled += 1
-        members = [f"{task.group_id}-{i}" for i in range(task.group_size + task.redundancy)]
-        for traj_id in members + replacements.get(task.group_id, []):
+        audit.groups_settled += not task.replaces
+        prefix = task.member_prefix()
+        members = [f"{prefix}-{i}" for i in range(task.group_size + task.redundancy)]
+        own = [r for r in replacements.get(task.group_id, []) if r.rsplit("-r", 1)[0] == prefix]  # not a sub-task's
+        for traj_id in members + own:
             if traj_id not in ended:
                 audit.trajectories_lost.append(traj_id)
     audit.replacements = sum(len(r) for r in replacements.values())
+    audit.reward_replacements = sum(1 for _, task in tasks if isinstance(task, TaskSpec) and task.replaces)
 
 
 def longest_stall(record: list[dict], ended_at: float | None) -> float:

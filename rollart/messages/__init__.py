@@ -4,6 +4,7 @@ from rollart.messages.arrays import Float32Array, Int32Array, PackedArray, UInt8
 from rollart.messages.codec import DEFAULT_CODEC, Codec, Envelope, MessageDecodeError
 from rollart.messages.kinds import (
     MESSAGE_KINDS,
+    REPLACEMENT_MARK,
     Abort,
     CompletedTrajectory,
     GenerationRequest,
@@ -31,6 +32,7 @@ __all__ = [
     "MESSAGE_KINDS",
     "MessageDecodeError",
     "PackedArray",
+    "REPLACEMENT_MARK",
     "SamplingParams",
     "ScoredTrajectory",
     "TaskSpec",

@@ -29,6 +29,9 @@ NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Version = Annotated[int, msgspec.Meta(ge=0)]
 Metrics = Annotated[dict[Name, float], msgspec.Meta(max_length=1024)]
 Labels = Annotated[dict[Name, Text], msgspec.Meta(max_length=1024)]
+# Marks a dead-lettered member's replacement lineage in trajectory ids (<traj>.d-0): ids hold no other
+# dot (job names cannot), so the depth of a lineage is the number of marks.
+REPLACEMENT_MARK = ".d"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +39,7 @@ class TaskSpec:
     """One task group released by the feeder: ``group_size`` rollouts of the same env seed/prompt."""
 
     KIND: ClassVar[str] = "TaskSpec"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
 
     group_id: Id
     env: Name  # registry name or import path of the environment class
@@ -48,9 +51,16 @@ class TaskSpec:
     admitted_version: Version = 0
     created_at: float = 0.0
     labels: Labels = field(default_factory=dict)
+    # A replacement rollout for a member whose reward was dead-lettered (released by the reward stage,
+    # not the feeder): one trajectory, ``<replaces>.d-0``, that counts in the group, not in admission.
+    replaces: Id | None = None
 
     def message_id(self) -> str:
-        return f"task:{self.group_id}"
+        return f"task:{self.group_id}" + (f":{self.replaces}" if self.replaces else "")
+
+    def member_prefix(self) -> str:
+        """Trajectory ids of this task's rollouts are ``<prefix>-<i>`` and ``<prefix>-r<k>``."""
+        return f"{self.replaces}{REPLACEMENT_MARK}" if self.replaces else self.group_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +135,7 @@ class GroupEnded:
     replacements ran out, a reward dead-lettered) instead of holding it until the buffer overflows."""
 
     KIND: ClassVar[str] = "GroupEnded"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
 
     group_id: Id
     tag: Name
@@ -133,9 +143,10 @@ class GroupEnded:
     aborted: NonNegInt = 0  # members ended by a fault (not counting redundant extras)
     replacements: NonNegInt = 0  # replacement rollouts started for them
     created_at: float = 0.0
+    replaces: Id | None = None  # the end of a dead-lettered member's replacement task (TaskSpec.replaces)
 
     def message_id(self) -> str:
-        return f"group-ended:{self.group_id}"
+        return f"group-ended:{self.group_id}" + (f":{self.replaces}" if self.replaces else "")
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]

@@ -219,6 +219,8 @@ class EnvManager:
     async def handle_task(self, envelope: Envelope, ctx: MessageContext) -> None:
         task: TaskSpec = envelope.message
         completed = len((await self.run_group(task, ctx)).completed)
+        if task.replaces:  # a dead-lettered member's replacement: part of its group, not a group admitted
+            return
         GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
         if self.config.feeder.alpha is not None:  # accepted: the trainer will train it (see min_group_size)
             await self.admission.finish(groups=1, accepted=completed >= self.config.min_group_size(),
@@ -290,7 +292,8 @@ class GroupRun:
     """One group's rollouts: ``group_size + redundancy`` trajectories concurrently, each outcome emitted
     as it ends. A member that ends for a fault while the rest could no longer fill the group is replaced
     (``<group>-r<k>``, at most ``feeder.max_replacements``); once ``group_size`` completed the extras are
-    cancelled and emitted as redundant aborts. The last record emitted is the group's GroupEnded."""
+    cancelled and emitted as redundant aborts. The last record emitted is the group's GroupEnded. A
+    dead-lettered member's replacement task (``replaces``) runs the same way, its ids ``<traj>.d-<i>``."""
 
     def __init__(self, trajectories: TrajectoryRunner, task: TaskSpec, emit: Emit):
         self.trajectories, self.task, self.emit = trajectories, task, emit
@@ -306,7 +309,8 @@ class GroupRun:
 
     async def run(self) -> GroupEnded:
         task = self.task
-        waiting = {self.start(f"{task.group_id}-{i}") for i in range(task.group_size + task.redundancy)}
+        prefix = task.member_prefix()
+        waiting = {self.start(f"{prefix}-{i}") for i in range(task.group_size + task.redundancy)}
         try:
             while waiting and len(self.completed) < task.group_size:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -326,7 +330,8 @@ class GroupRun:
                     INTERRUPTED.labels(self.trajectories.config.job, task.tag).inc()
             raise
         ended = GroupEnded(group_id=task.group_id, tag=task.tag, completed=tuple(self.completed),
-                           aborted=self.aborted, replacements=self.replacements, created_at=time.time())
+                           aborted=self.aborted, replacements=self.replacements, created_at=time.time(),
+                           replaces=task.replaces)
         await self.emit(ended)
         return ended
 
@@ -343,7 +348,7 @@ class GroupRun:
         short = len(self.completed) + len(waiting) < self.task.group_size
         if outcome.reason not in REPLACEABLE or not short or self.replacements >= self.max_replacements:
             return outcome
-        traj_id = f"{self.task.group_id}-r{self.replacements}"
+        traj_id = f"{self.task.member_prefix()}-r{self.replacements}"
         self.replacements += 1
         waiting.add(self.start(traj_id))
         REPLACEMENTS.labels(self.trajectories.config.job, self.task.tag, outcome.reason).inc()

@@ -7,13 +7,15 @@ generation pool, asked over the bus like the env stage asks for actions: the ver
 ``rewards.judge`` partition this member owns). The env reward is kept as a
 component (and added, unless ``include_env_reward`` is off). A trajectory whose reward cannot be
 computed (the endpoint keeps failing, a rule cannot apply) is dead-lettered with the reason and
-the bridge goes on; the trainer gets an Abort (``reward_failed``) for it. Aborts on
+the bridge goes on; the trainer gets an Abort (``reward_failed``) for it and, while the member's
+lineage has replacements left (``feeder.max_replacements``), the env stage a replacement task. Aborts on
 ``trajectories.completed`` are counted and not scored; a group's GroupEnded is passed on to the trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import os
 import socket
 import time
@@ -24,20 +26,23 @@ from prometheus_client import Counter, Histogram
 from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.config import ConfigError, RewardSpec, RollartConfig
 from rollart.envs.math import extract_answer
-from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GroupEnded, Int32Array, \
-    SamplingParams
+from rollart.messages import REPLACEMENT_MARK, Abort, CompletedTrajectory, Envelope, GenerationRequest, GroupEnded, \
+    Int32Array, SamplingParams, TaskSpec
 from rollart.rewards.http import RewardCallFailed
 from rollart.rewards.rules import last_turn_tokens
 from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.runtime import Runtime, open_runtime, run_in_order
+from rollart.stages.feeder import sources_from, task_spec
 
 LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
                     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
 FAILURES = Counter("rollart_reward_failures_total", "Trajectories that could not be scored", ("job", "tag", "type"))
 SCORED = Counter("rollart_reward_scored_total", "Trajectories scored", ("job", "tag"))
 REWARD_FAILED = "reward_failed"  # the reason of the Abort the trainer gets for a dead-lettered member
+REPLACEMENTS = Counter("rollart_reward_replacements_total",
+                       "Replacement rollouts released for dead-lettered trajectories", ("job", "tag"))
 ABORTS_SEEN = Counter("rollart_reward_aborts_seen_total", "Aborted trajectories passed over", ("job", "tag", "reason"))
 
 class RewardBridge:
@@ -46,6 +51,7 @@ class RewardBridge:
         self.config: RollartConfig = runtime.config
         self.chat = chat
         self.scorer = LocalScorer(chat)
+        self.sources = sources_from(self.config) if self.config.tags else []  # to rebuild a task to replace
         judges = [t.reward for t in self.config.tags.values() if t.reward.type == "judge"]
         self.judge = ReplyChannel(runtime, "rewards.judge", timeout_s=max(j.timeout_s for j in judges)) \
             if judges else None
@@ -64,15 +70,24 @@ class RewardBridge:
             reward, components = await self.score(message, spec)
         except (RewardCallFailed, ValueError) as exc:
             FAILURES.labels(self.config.job, message.tag, spec.type).inc()
-            # Dead-lettered, and the trainer told: the member will not come, its group need not wait.
-            failed = Abort(traj_id=message.traj_id, turn=message.turns, reason=REWARD_FAILED, group_id=message.group_id,
-                           tag=message.tag, created_at=time.time())
-            raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}",
-                                 notify=[("rewards.results", failed, message.group_id)]) from None
+            raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}", notify=self._failed(message)) from None
         LATENCY.labels(self.config.job, message.tag, spec.type).observe(time.perf_counter() - started)
         SCORED.labels(self.config.job, message.tag).inc()
         await ctx.produce("rewards.results", scored_trajectory(message, reward, components, spec),
                           key=message.group_id, policy_version=message.start_version)
+
+    def _failed(self, trajectory: CompletedTrajectory) -> list[tuple[str, object, str]]:
+        """What goes out with a dead-lettered trajectory: an Abort telling the trainer (so its group need
+        not wait for it) and, while its lineage has replacements left, a replacement task on ``tasks``
+        (the same task, one rollout) that the Abort names; both in this input's transaction."""
+        task = replacement_task(self.config, self.sources, trajectory)
+        failed = Abort(traj_id=trajectory.traj_id, turn=trajectory.turns, reason=REWARD_FAILED,
+                       group_id=trajectory.group_id, tag=trajectory.tag, created_at=time.time(),
+                       replacement=f"{task.member_prefix()}-0" if task else "")
+        if task is not None:
+            REPLACEMENTS.labels(self.config.job, trajectory.tag).inc()
+        return [("rewards.results", failed, trajectory.group_id),
+                *([("tasks", task, task.group_id)] if task is not None else [])]
 
     async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
         if spec.type != "judge":
@@ -107,6 +122,20 @@ class RewardBridge:
 
     async def close(self) -> None:
         await self.scorer.close()
+
+
+def replacement_task(config: RollartConfig, sources, trajectory: CompletedTrajectory) -> TaskSpec | None:
+    """The task that replaces a dead-lettered trajectory: its group's task (a pure function of the
+    feeder's seed and the group number) with one rollout; None once its lineage used
+    ``feeder.max_replacements``, or for a group the feeder did not release (no ``<job>-g<n>`` id)."""
+    prefix = f"{config.job}-g"
+    number = trajectory.group_id[len(prefix):]
+    if not sources or not trajectory.group_id.startswith(prefix) or not number.isdigit() \
+            or trajectory.traj_id.count(REPLACEMENT_MARK) >= config.feeder.max_replacements:
+        return None
+    task = task_spec(config, sources, int(number))
+    return replace(task, group_size=1, redundancy=0, replaces=trajectory.traj_id,
+                   admitted_version=trajectory.start_version, created_at=time.time())
 
 
 def reward_loops(rt: Runtime, bridge: RewardBridge):

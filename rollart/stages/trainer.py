@@ -29,7 +29,7 @@ from rollart.messages import Abort, Envelope, GroupEnded, ScoredTrajectory
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import VersionWriter
 from rollart.training.algorithms import PolicyLossConfig
-from rollart.training.buffer import ENDED, FAILED, Group, SampleBuffer
+from rollart.training.buffer import Group, SampleBuffer
 from rollart.tracking import Trackers
 from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
@@ -115,13 +115,13 @@ class TrainerStage:
                 return
             key = message.trajectory.traj_id
         elif isinstance(message, GroupEnded):
-            if not self.buffer.end(message):
+            key = self.buffer.end(message)  # a group's end, or a replacement task's
+            if key is None:
                 return  # its group is over, or this is a second copy: nothing to hold
-            key = message.group_id + ENDED
         elif isinstance(message, Abort):
-            if not self.buffer.member_failed(message):
+            key = self.buffer.member_failed(message)
+            if key is None:
                 return
-            key = message.traj_id + FAILED
         else:
             return
         settled = asyncio.get_running_loop().create_future()

@@ -6,10 +6,12 @@
 * Before a batch is formed, groups whose oldest token is too stale (``current - start_version >
   alpha``) are evicted and counted; with alpha = 0 only samples of the current policy are trained.
 * A group's end (GroupEnded: the members that completed) and the members whose reward failed tell
-  when a group will not fill: it then trains with the members it has if there are at least
-  ``min_group_size`` (a partial group, advantages over those present) or is dropped at once, instead
-  of waiting until the buffer overflows. These markers are held like samples (keys ``<group>#ended``,
-  ``<traj>#failed``) and settled with their group.
+  when a group will not fill (a failed member whose Abort names a replacement is waited for until
+  its replacement task's own GroupEnded, ``replaces``, says what that completed): it then trains
+  with the members it has if there are at least ``min_group_size`` (a partial group, advantages over
+  those present) or is dropped at once, instead of waiting until the buffer overflows. These markers
+  are held like samples (keys ``<group>#ended``, ``<traj>#failed``, ``<traj>#replaced``) and settled
+  with their group.
 * The task mix: with ``quotas`` (each tag's groups per batch, from the tags' weights) a batch takes
   the oldest trainable groups of each tag up to its quota; a tag short of groups is waited for up to
   ``mix_wait_s`` (from when a batch could first have formed), then other tags' oldest groups fill its
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 
 from rollart.messages import Abort, GroupEnded, ScoredTrajectory
 
-ENDED, FAILED = "#ended", "#failed"  # marker keys: <group id>#ended, <traj id>#failed
+# marker keys: <group id>#ended, <traj id>#failed, <traj id>#replaced (its replacement task's end)
+ENDED, FAILED, REPLACED = "#ended", "#failed", "#replaced"
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Group:
     members: dict[str, ScoredTrajectory] = field(default_factory=dict)
     expected: frozenset[str] | None = None  # the members that completed, once the group ended
     failed: set[str] = field(default_factory=set)  # completed members whose reward failed
+    replacing: set[str] = field(default_factory=set)  # failed members with a replacement task released
+    replaced: dict[str, frozenset[str]] = field(default_factory=dict)  # failed member -> what its task completed
     markers: list[str] = field(default_factory=list)  # keys of the markers held with the group
 
     @property
@@ -50,8 +55,12 @@ class Group:
         return [*self.members, *self.markers]
 
     def final(self) -> bool:
-        """No more members will come: every member that completed is here or failed."""
-        return self.expected is not None and self.expected <= self.members.keys() | self.failed
+        """No more members will come: every replacement task ended, and every member that completed
+        (in the group's own task or a replacement's) is here or failed."""
+        if self.expected is None or not self.replacing <= self.replaced.keys():
+            return False
+        expected = self.expected.union(*self.replaced.values())
+        return expected <= self.members.keys() | self.failed
 
 
 @dataclass
@@ -125,25 +134,40 @@ class SampleBuffer:
         """The group was trained or dropped already (a marker's redelivered or late copy)."""
         return group_id in self.dropped or group_id in self.trained_groups or any(t in self.trained for t in traj_ids)
 
-    def end(self, ended: GroupEnded) -> bool:
-        """Take a group's end; False if the group is over already or its end was taken (settle it now)."""
+    def end(self, ended: GroupEnded) -> str | None:
+        """Take a group's end, or a replacement task's; returns the marker's key, or None if the group is
+        over already or this end was taken (settle it now)."""
+        if ended.replaces:
+            return self._replacement_ended(ended)
         group = self.groups.get(ended.group_id)
         if self._closed(ended.group_id, ended.completed) or (group is not None and group.expected is not None):
-            return False
+            return None
         group = self._group(ended.group_id, ended.tag)
         group.expected = frozenset(ended.completed)
         group.markers.append(ended.group_id + ENDED)
-        return True
+        return ended.group_id + ENDED
 
-    def member_failed(self, aborted: Abort) -> bool:
-        """A completed member whose reward failed will not come; False if already known or too late."""
+    def _replacement_ended(self, ended: GroupEnded) -> str | None:
+        group = self.groups.get(ended.group_id)
+        if self._closed(ended.group_id, ended.completed) or (group is not None and ended.replaces in group.replaced):
+            return None
+        group = self._group(ended.group_id, ended.tag)
+        group.replaced[ended.replaces] = frozenset(ended.completed)
+        group.markers.append(ended.replaces + REPLACED)
+        return ended.replaces + REPLACED
+
+    def member_failed(self, aborted: Abort) -> str | None:
+        """A completed member whose reward failed will not come (a replacement task may, if the Abort
+        names one); returns the marker's key, or None if already known or too late."""
         group = self.groups.get(aborted.group_id)
         if self._closed(aborted.group_id, ()) or (group is not None and aborted.traj_id in group.failed):
-            return False
+            return None
         group = self._group(aborted.group_id, aborted.tag)
         group.failed.add(aborted.traj_id)
+        if aborted.replacement:
+            group.replacing.add(aborted.traj_id)
         group.markers.append(aborted.traj_id + FAILED)
-        return True
+        return aborted.traj_id + FAILED
 
     def forget(self, key: str) -> None:
         """Take back a sample or marker that was never settled (its handler was cancelled): it will come again."""
@@ -154,8 +178,11 @@ class SampleBuffer:
                 group.markers.remove(key)
                 if key.endswith(ENDED):
                     group.expected = None
+                elif key.endswith(REPLACED):
+                    group.replaced.pop(key[: -len(REPLACED)], None)
                 else:
                     group.failed.discard(key[: -len(FAILED)])
+                    group.replacing.discard(key[: -len(FAILED)])
             if not group.keys:
                 del self.groups[group.group_id]
             return

@@ -85,3 +85,16 @@ def test_trained_per_minute_leaves_out_the_start_up():
               {"step": 2, "time": 1030.0, "samples": 16}, {"step": 3, "time": 1060.0, "samples": 14}]
     assert trained_per_minute(record) == 30.0, "(16 + 14) trajectories in the minute after the first step"
     assert trained_per_minute(record[:1]) is None
+
+
+def test_a_dead_lettered_members_replacement_task_must_end_and_is_not_a_group():
+    tasks = [(Record("job.tasks", 0, 0), TaskSpec(group_id="g1", env="frozenlake", tag="t", group_size=2, seed=1)),
+             (Record("job.tasks", 0, 1), TaskSpec(group_id="g1", env="frozenlake", tag="t", group_size=1, seed=1,
+                                                  replaces="g1-0"))]
+    audit = Audit()
+    _audit_trajectories(audit, tasks, completed(("g1-0", 0), ("g1-1", 1)), task_committed={0: 2})
+    assert audit.trajectories_lost == ["g1-0.d-0"] and audit.reward_replacements == 1
+    assert (audit.groups_released, audit.groups_settled) == (1, 1)
+    audit = Audit()
+    _audit_trajectories(audit, tasks, completed(("g1-0", 0), ("g1-1", 1), ("g1-0.d-0", 2)), task_committed={0: 2})
+    assert audit.trajectories_lost == []

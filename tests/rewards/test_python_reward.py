@@ -141,3 +141,40 @@ async def test_the_reward_stage_scores_by_function_and_dead_letters_what_raised(
 async def _dlq(rt):
     records = [r async for r in read_to_end(rt.config, rt.endpoints, f"{rt.config.job}.trajectories.completed.dlq")]
     return records or None
+
+
+async def test_a_dead_lettered_member_gets_a_replacement_task_until_its_lineage_runs_out(endpoints, chat, tiny_model):
+    from rollart.messages import DEFAULT_CODEC, TaskSpec
+    from rollart.stages.feeder import sources_from, task_spec
+
+    config = make_config(endpoints, model={"path": str(tiny_model), "init_tiny": False},
+                         tags={"bad": {"env": "frozenlake", "reward": spec("raises").model_dump()}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    job = config.job
+    first = replace(sample_trajectory(f"{job}-g5-1"), group_id=f"{job}-g5", tag="bad", start_version=2)
+    spent = replace(sample_trajectory(f"{job}-g6-0" + ".d-0" * 4), group_id=f"{job}-g6", tag="bad")  # 4 = the bound
+    loops, told = RunningLoops(), []
+
+    async def collect(envelope, ctx) -> None:
+        told.append(envelope.message)
+
+    async with open_runtime(config, serve=False) as rt:
+        bridge = RewardBridge(rt, chat)
+        try:
+            await loops.start(reward_loops(rt, bridge)[0])
+            await loops.start(rt.consumer_loop("collector", ["rewards.results"], collect, dedup=False),
+                              wait_assigned=False)
+            for trajectory in (first, spent):
+                await rt.producer.send_and_wait("trajectories.completed", trajectory, key=trajectory.group_id)
+            await eventually(lambda: len(told) == 2, what="both told to the trainer")
+            tasks = [DEFAULT_CODEC.decode(r.value, r.headers).message
+                     async for r in read_to_end(config, endpoints, f"{job}.tasks")]
+        finally:
+            await loops.stop_all()
+            await bridge.close()
+    replacements = {m.traj_id: m.replacement for m in told}
+    assert replacements == {first.traj_id: f"{first.traj_id}.d-0", spent.traj_id: ""}
+    assert len(tasks) == 1 and isinstance(tasks[0], TaskSpec)
+    task, original = tasks[0], task_spec(config, sources_from(config), 5)
+    assert (task.group_id, task.replaces, task.group_size, task.redundancy) == (f"{job}-g5", first.traj_id, 1, 0)
+    assert (task.seed, task.env, task.tag, task.admitted_version) == (original.seed, original.env, original.tag, 2)

@@ -80,3 +80,19 @@ async def test_not_a_fault_is_not_replaced_and_extras_end_redundant():
     assert reasons == {"g-0": "stale", "g-3": "redundant"}, "the slow extra was cancelled once two completed"
     assert set(ended.completed) == {"g-1", "g-2"} and ended.aborted == 1
     assert [type(m) for m in emitted].count(CompletedTrajectory) == 2
+
+
+async def test_a_dead_lettered_members_replacement_task_runs_its_own_lineage():
+    """The reward stage's replacement task for g-1 (its reward dead-lettered): one rollout, g-1.d-0,
+    itself replaced on a fault (g-1.d-r0); its GroupEnded names what it replaces."""
+    runner = ScriptedRunner({"g-1.d-0": ("env_step_failed", 0.0)})
+    task = TaskSpec(group_id="g", env="frozenlake", tag="t", group_size=1, replaces="g-1")
+    emitted: list = []
+
+    async def emit(outcome) -> None:
+        emitted.append(outcome)
+
+    ended = await run_group(runner, task, emit)
+    assert runner.started == ["g-1.d-0", "g-1.d-r0"]
+    assert (ended.group_id, ended.replaces, ended.completed) == ("g", "g-1", ("g-1.d-r0",))
+    assert task.message_id() != replace(task, replaces=None).message_id(), "not taken for the group's own task"

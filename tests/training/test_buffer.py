@@ -169,3 +169,34 @@ def test_the_tags_weights_give_each_tags_share_of_a_batch():
                                                     {"a": 1, "b": 1, "c": 2})
     assert sum(quotas({"a": 3, "b": 0, "c": 1}, 5).values()) == 5 and "b" not in quotas({"a": 3, "b": 0}, 5)
     assert quotas({"a": 1, "b": 1}, 4, mix="arrival") == {}
+
+
+def test_a_failed_member_with_a_replacement_holds_its_group_until_the_replacement_ends():
+    buf = SampleBuffer(group_size=2, groups_per_batch=1, alpha=1, min_group_size=1)
+    buf.add(scored("g", 0, 4))
+    buf.end(ended("g", 0, 1))
+    failed = replace(reward_failed("g", 1), replacement="g-1.d-0")
+    assert buf.member_failed(failed) == "g-1#failed"
+    assert buf.take_batch(current_version=4) is None, "not partial yet: a replacement is on its way"
+    replaced = GroupEnded(group_id="g", tag="t", completed=("g-1.d-0",), replaces="g-1")
+    assert buf.end(replaced) == "g-1#replaced" and buf.end(replaced) is None, "a second copy"
+    assert buf.take_batch(current_version=4) is None, "its completed rollout is still being scored"
+    buf.add(scored("g", "1.d-0", 4))
+    batch = buf.take_batch(current_version=4)
+    assert [sorted(g.members) for g in batch] == [["g-0", "g-1.d-0"]] and buf.stats.partial_groups == 0
+
+
+def test_a_replacement_that_completed_nothing_lets_its_group_train_partially():
+    buf = SampleBuffer(group_size=2, groups_per_batch=1, alpha=1, min_group_size=1)
+    buf.add(scored("g", 0, 4))
+    buf.end(GroupEnded(group_id="g", tag="t", completed=(), replaces="g-1"))  # it can come first
+    buf.member_failed(replace(reward_failed("g", 1), replacement="g-1.d-0"))
+    assert buf.take_batch(current_version=4) is None, "the group's own end has not come"
+    buf.end(ended("g", 0, 1))
+    assert [list(g.members) for g in buf.take_batch(current_version=4)] == [["g-0"]] and buf.stats.partial_groups == 1
+    buf2 = SampleBuffer(group_size=2, groups_per_batch=1, alpha=1, min_group_size=1)
+    buf2.add(scored("h", 0, 4))
+    buf2.end(ended("h", 0, 1))
+    key = buf2.member_failed(replace(reward_failed("h", 1), replacement="h-1.d-0"))
+    buf2.forget(key)  # its handler was cancelled: it will come again
+    assert buf2.groups["h"].replacing == set() and buf2.groups["h"].failed == set()
