@@ -78,6 +78,7 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(tiny_mo
     assert set(report["restarts"]) == {"gen-default-0", "trainer", "env-0", "reward-0", "feeder"}
     assert report["aborted"].get("env_step_failed", 0) > 0, "the env faults happened"
     assert audit["replacements"] > 0, "redundancy 0: members lost to env faults were replaced"
+    assert audit["reward_replacements"] >= min(1, audit["reward_dead_lettered"]), "dead-lettered members replaced"
     assert not audit["stalled"] and audit["longest_stall_s"] > 0
     assert report["reward_calls"]["transient"] > 0 and report["reward_calls"]["slow"] > 0
     assert set(report["recovery_s"]) == {"kill", "redis-flush", "bad-messages"} | {f"kill:{s}" for s in KILLABLE} \
