@@ -53,7 +53,7 @@ def export_checkpoint(checkpoint: Path, base_model: Path, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     checkpoint = find_checkpoint(checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(str(base_model), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
     state = trained_state(checkpoint, model.config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()

@@ -62,8 +62,8 @@ def test_an_exported_checkpoint_loads_in_transformers_and_vllm_with_the_trainers
     assert (out / "model.safetensors").exists() and AutoTokenizer.from_pretrained(str(out)).vocab_size > 0
 
     trainer = logprobs_of(backend.model)
-    exported = logprobs_of(AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32))
-    base = logprobs_of(AutoModelForCausalLM.from_pretrained(str(tiny_model), torch_dtype=torch.float32))
+    exported = logprobs_of(AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32))
+    base = logprobs_of(AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32))
     assert float((exported - trainer).abs().max()) < 1e-5, "transformers: the trained weights, exactly"
     assert float((base - trainer).abs().max()) > 0.05, "the checkpoint is not the base model"
 
@@ -99,5 +99,5 @@ def test_a_megatron_checkpoint_is_converted_back_to_hugging_face_names(tiny_mode
     result = CliRunner().invoke(app, ["export", str(step), "--out", str(tmp_path / "out"),
                                       "--base-model", str(tiny_model)])
     assert result.exit_code == 0, result.output
-    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), torch_dtype=torch.float32)
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32)
     assert float((logprobs_of(exported) - logprobs_of(backend.model)).abs().max()) < 1e-5
