@@ -18,8 +18,8 @@ from collections import Counter
 
 import pytest
 
-from rollart.bus.reader import read_to_end
-from rollart.messages import DEFAULT_CODEC, TaskSpec
+from rollart.messages import TaskSpec
+from tests.bus.test_transactions import outputs
 from tests.conftest import BOTH_BROKERS, KAFKA_ONLY, make_config
 
 N = 6
@@ -28,13 +28,6 @@ N = 6
 @pytest.fixture
 def config(endpoints, request):
     return make_config(endpoints, bus={"processing_guarantee": request.param})
-
-
-async def outputs(config, endpoints) -> Counter:
-    copies = Counter()
-    async for record in read_to_end(config, endpoints, f"{config.job}.trajectories.completed"):
-        copies[DEFAULT_CODEC.decode(record.value, record.headers).message.group_id] += 1
-    return copies
 
 
 async def run_member(runtime, handle, until, *, settle_s: float) -> None:

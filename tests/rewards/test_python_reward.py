@@ -4,6 +4,7 @@ concurrency, start-up checks, and the reward stage dead-lettering a trajectory w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -22,6 +23,7 @@ from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
 from tests.conftest import RunningLoops, eventually, make_config
 from tests.rewards import python_rewards
+from tests.rewards.test_serverless_bridge import _dlq
 
 FUNCTIONS = "tests.rewards.python_rewards"
 
@@ -103,6 +105,24 @@ def test_the_config_and_the_start_up_name_what_is_wrong():
     check_rewards(RollartConfig(tags={"ok": {"env": "frozenlake", "reward": spec("by_answer").model_dump()}}))
 
 
+@contextlib.asynccontextmanager
+async def reward_stage(config, chat, trajectories, collect):
+    """The reward stage and a collector of rewards.results on the real broker; ``trajectories`` sent."""
+    loops = RunningLoops()
+    async with open_runtime(config, serve=False) as rt:
+        bridge = RewardBridge(rt, chat)
+        try:
+            await loops.start(reward_loops(rt, bridge)[0])
+            await loops.start(rt.consumer_loop("collector", ["rewards.results"], collect, dedup=False),
+                              wait_assigned=False)
+            for trajectory in trajectories:
+                await rt.producer.send_and_wait("trajectories.completed", trajectory, key=trajectory.group_id)
+            yield rt
+        finally:
+            await loops.stop_all()
+            await bridge.close()
+
+
 async def test_the_reward_stage_scores_by_function_and_dead_letters_what_raised(endpoints, chat, tiny_model):
     config = make_config(endpoints, model={"path": str(tiny_model), "init_tiny": False},
                          tags={"py": {"env": "frozenlake", "reward": spec("async_components").model_dump()},
@@ -110,7 +130,7 @@ async def test_the_reward_stage_scores_by_function_and_dead_letters_what_raised(
     await apply_topics(config, endpoints, expand_catalog(config))
     good = [replace(sample_trajectory(f"p{i}-0"), tag="py") for i in range(3)]
     bad = replace(sample_trajectory("b0-0"), tag="bad")
-    loops, scored, told = RunningLoops(), {}, []
+    scored, told = {}, []
 
     async def collect(envelope, ctx) -> None:
         message = envelope.message
@@ -119,28 +139,13 @@ async def test_the_reward_stage_scores_by_function_and_dead_letters_what_raised(
         else:
             told.append(message)
 
-    async with open_runtime(config, serve=False) as rt:
-        bridge = RewardBridge(rt, chat)
-        try:
-            await loops.start(reward_loops(rt, bridge)[0])
-            await loops.start(rt.consumer_loop("collector", ["rewards.results"], collect, dedup=False),
-                              wait_assigned=False)
-            for trajectory in [good[0], bad, *good[1:]]:
-                await rt.producer.send_and_wait("trajectories.completed", trajectory, key=trajectory.group_id)
-            await eventually(lambda: len(scored) == 3 and told, what="3 scored, the raising one told")
-            dead = await eventually(lambda: _dlq(rt), what="the trajectory whose function raised, dead-lettered")
-        finally:
-            await loops.stop_all()
-            await bridge.close()
+    async with reward_stage(config, chat, [good[0], bad, *good[1:]], collect) as rt:
+        await eventually(lambda: len(scored) == 3 and told, what="3 scored, the raising one told")
+        dead = await eventually(lambda: _dlq(rt), what="the trajectory whose function raised, dead-lettered")
     assert {s.scorer for s in scored.values()} == {f"python:{FUNCTIONS}:async_components"}
     assert [s.reward for s in scored.values()] == [pytest.approx(0.16 + 0.5 + 1.0)] * 3, "components plus the env reward"
     assert "raised RuntimeError: cannot judge b0-0" in dict(dead[0].headers)[H_DLQ_ERROR].decode()
     assert [(m.traj_id, m.reason) for m in told if isinstance(m, Abort)] == [("b0-0", "reward_failed")]
-
-
-async def _dlq(rt):
-    records = [r async for r in read_to_end(rt.config, rt.endpoints, f"{rt.config.job}.trajectories.completed.dlq")]
-    return records or None
 
 
 async def test_a_dead_lettered_member_gets_a_replacement_task_until_its_lineage_runs_out(endpoints, chat, tiny_model):
@@ -153,25 +158,15 @@ async def test_a_dead_lettered_member_gets_a_replacement_task_until_its_lineage_
     job = config.job
     first = replace(sample_trajectory(f"{job}-g5-1"), group_id=f"{job}-g5", tag="bad", start_version=2)
     spent = replace(sample_trajectory(f"{job}-g6-0" + ".d-0" * 4), group_id=f"{job}-g6", tag="bad")  # 4 = the bound
-    loops, told = RunningLoops(), []
+    told = []
 
     async def collect(envelope, ctx) -> None:
         told.append(envelope.message)
 
-    async with open_runtime(config, serve=False) as rt:
-        bridge = RewardBridge(rt, chat)
-        try:
-            await loops.start(reward_loops(rt, bridge)[0])
-            await loops.start(rt.consumer_loop("collector", ["rewards.results"], collect, dedup=False),
-                              wait_assigned=False)
-            for trajectory in (first, spent):
-                await rt.producer.send_and_wait("trajectories.completed", trajectory, key=trajectory.group_id)
-            await eventually(lambda: len(told) == 2, what="both told to the trainer")
-            tasks = [DEFAULT_CODEC.decode(r.value, r.headers).message
-                     async for r in read_to_end(config, endpoints, f"{job}.tasks")]
-        finally:
-            await loops.stop_all()
-            await bridge.close()
+    async with reward_stage(config, chat, (first, spent), collect):
+        await eventually(lambda: len(told) == 2, what="both told to the trainer")
+        tasks = [DEFAULT_CODEC.decode(r.value, r.headers).message
+                 async for r in read_to_end(config, endpoints, f"{job}.tasks")]
     replacements = {m.traj_id: m.replacement for m in told}
     assert replacements == {first.traj_id: f"{first.traj_id}.d-0", spent.traj_id: ""}
     assert len(tasks) == 1 and isinstance(tasks[0], TaskSpec)
