@@ -10,6 +10,7 @@ Each is `rollart consume <stage>`; Kubernetes Deployments run these modules. The
 | generation | gen-<pool> | gen.requests.<pool> (+ policy.versions, no group) | env.actions (owner's partition) |
 | reward | reward | trajectories.completed | rewards.results |
 | trainer | trainer | rewards.results | policy.versions (+ weight buckets in Mooncake / fs) |
+| eval | eval | eval.results (+ policy.versions, no group) | tasks (eval tasks pinned to a version), eval.summaries |
 """
 
 

@@ -224,6 +224,20 @@ class DatasetSpec(Section):
     answer_field: str | None = "answer"  # given to rewards as the label "answer"; None: no answer
     label_fields: tuple[str, ...] = ()  # more columns passed on as labels, under their own names
     split: str | None = None  # a Hugging Face DatasetDict's split (default: train)
+    # Held out for evaluation (``eval:``), never trained on: the last ``eval_rows`` rows, or a Hugging
+    # Face DatasetDict's ``eval_split`` (e.g. test) while training reads ``split``.
+    eval_rows: int = Field(default=0, ge=0)
+    eval_split: str | None = None
+
+    @model_validator(mode="after")
+    def _one_holdout(self) -> "DatasetSpec":
+        if self.eval_rows and self.eval_split:
+            raise ValueError("eval_rows and eval_split both hold rows out; choose one")
+        return self
+
+    @property
+    def holds_out(self) -> bool:
+        return bool(self.eval_rows or self.eval_split)
 
 
 class TagConfig(Section):
@@ -360,11 +374,30 @@ class DeployConfig(Section):
     reward: StageDeployment = StageDeployment(autoscaling=Autoscaling(min_replicas=0, max_replicas=8,
                                                                       lag_threshold=32, cooldown_s=120))
     trainer: StageDeployment = _gpu_stage()
+    eval: StageDeployment = StageDeployment(cpu="500m", memory="1Gi")  # the eval stage (its pool is under pools)
     pools: dict[str, StageDeployment] = Field(default_factory=dict)  # generation pools; unset: one GPU each
 
 
 TANSU_HAS_NO_TRANSACTIONS = ("bus.processing_guarantee: exactly_once needs Kafka transactions, which Tansu (the "
                              "broker here) does not have; use Apache Kafka or at_least_once")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation during training (see rollart.stages.evaluation): at every ``every_versions``-th
+    policy version the eval stage releases the same eval tasks, pinned to that version; they run through
+    the env stage on ``pool`` (a generation pool that loads exactly the pinned version and serves no
+    training tag), are scored by the reward stage and never reach the trainer."""
+
+    tags: tuple[str, ...] = Field(min_length=1)  # tags evaluated (their env, reward and dataset from tags:)
+    pool: str  # the eval pool: one of pools, used by no training tag
+    every_versions: int = Field(default=10, ge=1)
+    initial: bool = True  # also evaluate version 0, the policy before training
+    tasks_per_tag: int = Field(default=8, ge=1)  # env tags: seeds 2^31.. (training draws below); datasets: held-out rows
+    group_size: int = Field(default=1, ge=1)  # rollouts per eval task (success is their mean)
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0)  # greedy by default
+    seed: int = 0  # picks the eval seeds; the same for every version, so versions compare
+    timeout_s: float = Field(default=600.0, gt=0)  # an eval not over by then is summarised as incomplete
+    record: Path | None = None  # also append each summary to this JSON-lines file (`rollart run` sets it)
 
 
 class TensorBoardTracking(Section):
@@ -419,6 +452,7 @@ class RollartConfig(BaseSettings):
     trainer: TrainerConfig = TrainerConfig()
     tags: dict[str, TagConfig] = Field(default_factory=dict)
     tracking: TrackingConfig = TrackingConfig()
+    eval: EvalConfig | None = None
     deploy: DeployConfig = DeployConfig()
 
     @model_validator(mode="after")
@@ -477,6 +511,29 @@ class RollartConfig(BaseSettings):
                 raise ValueError(f"tags.{tag}.pool {spec.pool!r} is not one of pools {self.pools}")
             if spec.reward.type == "judge" and spec.reward.pool not in self.pools:
                 raise ValueError(f"tags.{tag}.reward.pool {spec.reward.pool!r} (the judge) is not one of {self.pools}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_eval(self) -> "RollartConfig":
+        if self.eval is None:
+            return self
+        pool = self.eval.pool
+        if pool not in self.pools:
+            raise ValueError(f"eval.pool {pool!r} is not one of pools {self.pools}")
+        for tag in self.eval.tags:
+            if tag not in self.tags:
+                raise ValueError(f"eval.tags: {tag!r} is not one of tags {sorted(self.tags)}")
+            dataset = self.tags[tag].dataset
+            if self.tags[tag].weight > 0 and dataset is not None and not dataset.holds_out:
+                raise ValueError(f"eval.tags: {tag!r} trains on its whole dataset; hold rows out "
+                                 f"(tags.{tag}.dataset.eval_rows or eval_split) or evaluate a tag of weight 0")
+        for tag, spec in self.tags.items():
+            # The eval pool holds the version being evaluated, not the latest: it cannot serve training.
+            if spec.weight > 0 and self.pool_for(tag) == pool:
+                raise ValueError(f"eval.pool {pool!r} serves tags.{tag}, which trains; give the tag another pool "
+                                 f"(tags.{tag}.pool or routing.default_pool)")
+            if spec.reward.type == "judge" and spec.reward.pool == pool:
+                raise ValueError(f"eval.pool {pool!r} is tags.{tag}.reward.pool (a judge follows the latest version)")
         return self
 
     def pool_deployment(self, pool: str) -> StageDeployment:

@@ -5,6 +5,9 @@ other columns named in ``label_fields``), as strings. Field names are configurab
 prompt or answer field, or with a value that is not a string or number, fails at start-up naming the
 file and the row (1-based: a JSONL line number, a parquet / Hugging Face row index + 1). The whole
 dataset is loaded once (the feeder samples rows by index; a task is a pure function of its number).
+
+Rows held out for evaluation (``eval_rows``: the last N; ``eval_split``: another split of a Hugging Face
+DatasetDict) are never trained on: :func:`training_rows` leaves them out, :func:`eval_rows` gives them.
 """
 
 from __future__ import annotations
@@ -25,16 +28,41 @@ def dataset_format(spec: DatasetSpec) -> str:
     return "parquet" if spec.path.suffix == ".parquet" else "jsonl"
 
 
-def load_rows(spec: DatasetSpec) -> tuple[Row, ...]:
-    """Every row of the dataset as (prompt, labels); ValueError naming the file and row if one is bad."""
+def load_rows(spec: DatasetSpec, split: str | None = None) -> tuple[Row, ...]:
+    """Every row of the dataset (of ``split``, default ``spec.split``) as (prompt, labels); ValueError
+    naming the file and row if one is bad."""
     if not spec.path.exists():
         raise ValueError(f"dataset {spec.path} does not exist")
     fmt = dataset_format(spec)
-    records = {"jsonl": _jsonl, "parquet": _parquet, "hf": _hf}[fmt](spec)
+    if fmt == "hf":
+        records = _hf(spec, split or spec.split)
+    elif split is not None:
+        raise ValueError(f"dataset {spec.path}: a {fmt} file has no splits (eval_split {split!r}); use eval_rows")
+    else:
+        records = {"jsonl": _jsonl, "parquet": _parquet}[fmt](spec)
     rows = tuple(_row(spec, n, record) for n, record in records)
     if not rows:
         raise ValueError(f"dataset {spec.path} is empty")
     return rows
+
+
+def training_rows(spec: DatasetSpec) -> tuple[Row, ...]:
+    """The rows a tag trains on: all but those held out for evaluation."""
+    rows = load_rows(spec)
+    if spec.eval_rows and not spec.eval_split:
+        if spec.eval_rows >= len(rows):
+            raise ValueError(f"dataset {spec.path}: eval_rows {spec.eval_rows} leaves none of its {len(rows)} "
+                             "rows to train on")
+        return rows[:-spec.eval_rows]
+    return rows
+
+
+def eval_rows(spec: DatasetSpec) -> tuple[Row, ...]:
+    """The rows held out for evaluation (every row of a dataset with no held-out part: a tag that does not train)."""
+    if spec.eval_split:
+        return load_rows(spec, spec.eval_split)
+    rows = load_rows(spec)
+    return rows[-spec.eval_rows:] if spec.eval_rows else rows
 
 
 def _row(spec: DatasetSpec, n: int, record: Any) -> Row:
@@ -78,7 +106,7 @@ def _parquet(spec: DatasetSpec) -> Iterable[tuple[int, Any]]:
     return enumerate(table.to_pylist(), 1)
 
 
-def _hf(spec: DatasetSpec) -> Iterable[tuple[int, Any]]:
+def _hf(spec: DatasetSpec, split: str | None) -> Iterable[tuple[int, Any]]:
     try:
         import datasets
     except ImportError:
@@ -88,10 +116,11 @@ def _hf(spec: DatasetSpec) -> Iterable[tuple[int, Any]]:
     except Exception as exc:  # noqa: BLE001 - not a save_to_disk directory
         raise ValueError(f"dataset {spec.path}: not a Hugging Face dataset directory ({exc})") from None
     if isinstance(loaded, datasets.DatasetDict):
-        split = spec.split or ("train" if "train" in loaded else None)
+        split = split or ("train" if "train" in loaded else None)
         if split not in loaded:
-            raise ValueError(f"dataset {spec.path}: has splits {sorted(loaded)}; name one with split:")
+            raise ValueError(f"dataset {spec.path}: has splits {sorted(loaded)}; name one with split:"
+                             + (f" ({split!r} is none of them)" if split else ""))
         loaded = loaded[split]
-    elif spec.split is not None:
-        raise ValueError(f"dataset {spec.path}: a single split; split: {spec.split!r} names none of it")
+    elif split is not None:
+        raise ValueError(f"dataset {spec.path}: a single split; split {split!r} names none of it")
     return enumerate(loaded, 1)

@@ -12,8 +12,10 @@ tokens, turns, wait and train seconds, the loss terms of its backend (``loss/...
 drops (``dropped/...``); the run's config goes with it (W&B config, MLflow params, a TensorBoard
 text). The run is named after the job (``tracking.run_name`` overrides), so a resumed trainer
 continues the same run: W&B resumes the id, MLflow finds the run by its ``rollart.job`` tag, and
-TensorBoard appends to the same folder. The libraries are optional (``pip install 'rollart[tracking]'``);
-one that is configured but not installed fails the trainer at start-up naming the field.
+TensorBoard appends to the same folder. The eval stage logs each evaluated version's figures
+(``eval/<tag>/success_rate``, ...; the step is the training step of the version) to a run of its own,
+``<run>-eval``. The libraries are optional (``pip install 'rollart[tracking]'``); one that is configured
+but not installed fails the trainer at start-up naming the field.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ class TensorBoard:
         self.writer.add_text("config", f"```\n{json.dumps(config, indent=1)}\n```")
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
-        for name, value in scalars.items():
-            self.writer.add_scalar(f"train/{name}", value, step)
+        for name, value in scalars.items():  # eval/... figures keep their own section
+            self.writer.add_scalar(name if name.startswith("eval/") else f"train/{name}", value, step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -72,10 +74,10 @@ class TensorBoard:
 
 
 class Wandb:
-    def __init__(self, spec, run_name: str, config: dict):
+    def __init__(self, spec, run_name: str, config: dict, group: str):
         wandb = _need("wandb", "tracking.wandb")
         settings = wandb.Settings(silent=True, console="off")
-        self.run = wandb.init(project=spec.project, entity=spec.entity, name=run_name, id=run_name,
+        self.run = wandb.init(project=spec.project, entity=spec.entity, name=run_name, id=run_name, group=group,
                               resume="allow", mode=spec.mode, dir=str(spec.dir) if spec.dir else None,
                               config=config, settings=settings)
 
@@ -131,15 +133,18 @@ class Trackers:
         self.trackers = trackers
 
     @classmethod
-    def from_config(cls, config: RollartConfig) -> "Trackers":
+    def from_config(cls, config: RollartConfig, role: str = "") -> "Trackers":
+        """The trainer's trackers (``role`` ""), or another stage's (the eval stage: ``eval``), which log
+        to a run of their own, ``<run>-<role>`` (one writer per run; W&B groups them under ``<run>``)."""
         spec = config.tracking
-        run_name = spec.run_name or config.job
+        group = spec.run_name or config.job
+        run_name = f"{group}-{role}" if role else group
         dump = config.model_dump(mode="json")  # secrets are masked in json mode
         trackers: list[Tracker] = []
         if spec.tensorboard is not None:
             trackers.append(TensorBoard(spec.tensorboard.dir, run_name, dump))
         if spec.wandb is not None:
-            trackers.append(Wandb(spec.wandb, run_name, dump))
+            trackers.append(Wandb(spec.wandb, run_name, dump, group))
         if spec.mlflow is not None:
             trackers.append(Mlflow(spec.mlflow, run_name, dump))
         return cls(trackers)
@@ -148,7 +153,10 @@ class Trackers:
         return bool(self.trackers)
 
     def log(self, step: int, row: dict) -> None:
-        scalars = step_scalars(row)
+        """One record row of the trainer (``step_record``)."""
+        self.log_scalars(step, step_scalars(row))
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         for tracker in list(self.trackers):
             try:
                 tracker.log(step, scalars)

@@ -304,7 +304,7 @@ def _bus_table(results: dict[str, dict]) -> Table:
 
 
 @app.command("consume")
-def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | generation | reward | trainer")],
+def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | generation | reward | trainer | eval")],
                 config: ConfigOption = None,
                 pool: Annotated[Optional[str], typer.Option(help="Generation pool (generation only).")] = None,
                 resume: Annotated[bool, typer.Option(help="Trainer: continue from the latest checkpoint.")] = False,
@@ -391,6 +391,39 @@ def export_cmd(checkpoint: Annotated[Path, typer.Argument(help="A step-N checkpo
         raise typer.Exit(2) from None
     console.print(f"step {info['step']} (policy version {info['version']}, {info['parameters']:,} parameters) "
                   f"of {info['checkpoint']} -> {out}")
+
+
+@app.command("eval")
+def eval_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML with an eval: section.")],
+             checkpoint: Annotated[Path, typer.Option(help="A step-N checkpoint, a checkpoints folder, a `rollart run "
+                                                          "--out` folder (its latest step) or a Hugging Face model "
+                                                          "directory.")],
+             out: Annotated[Optional[Path], typer.Option(help="Also write the summary (with every trajectory) "
+                                                              "here as JSON.")] = None,
+             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Evaluate one checkpoint on the job's held-out eval tasks, offline (an engine in this process)."""
+    from rollart.evaluation.offline import evaluate_checkpoint
+
+    cfg = _config(config_path)
+    try:
+        row = _run(evaluate_checkpoint(cfg, checkpoint))
+    except (ConfigError, ValueError, OSError) as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(row, indent=1))
+    if as_json:
+        print(json.dumps({k: v for k, v in row.items() if k != "trajectories"}))
+        return
+    table = Table(title=f"eval of {checkpoint} (policy version {row['version']}, step {row['step']}, "
+                        f"{row['seconds']:.0f}s)")
+    for column in ("tag", "tasks", "scored", "failed", "success", "reward", "turns"):
+        table.add_column(column, justify="left" if column == "tag" else "right")
+    for tag, r in row["tags"].items():
+        table.add_row(tag, str(r["tasks"]), str(r["scored"]), str(r["failed"]), f"{r['success_rate']:.0%}",
+                      f"{r['reward_mean']:+.3f}", f"{r['turns_mean']:.2f}")
+    console.print(table)
 
 
 @app.command("report")

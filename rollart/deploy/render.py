@@ -23,6 +23,7 @@ from typing import Any
 
 from rollart.config import ConfigError, RollartConfig, StageDeployment
 from rollart.topics import expand_catalog, load_catalog
+from rollart.stages import SINGLE_WRITERS
 from rollart.topics.access import job_access
 from rollart.topics.catalog import TopicSpec
 
@@ -123,6 +124,8 @@ class Renderer:
         out.append(Component(self.name("reward"), "reward", d.reward, ("reward",),
                              scale_groups=("reward", "reward-judge")))
         out.append(Component(self.name("trainer"), "trainer", d.trainer, ("trainer", "--resume")))
+        if self.config.eval is not None:
+            out.append(Component(self.name("eval"), "eval", d.eval, ("eval",)))
         return out
 
     def scaler_triggers(self, component: Component) -> list[tuple[str, str, TopicSpec]]:
@@ -153,7 +156,7 @@ class Renderer:
         for component in self.components():
             docs.append(objects.stage_deployment(self, component))
             if component.spec.autoscaling is not None:
-                if component.stage in ("feeder", "trainer"):
+                if component.stage in SINGLE_WRITERS:
                     raise ConfigError(f"deploy.{component.stage}.autoscaling: the {component.stage} is a single "
                                       "writer and cannot autoscale")
                 docs.append(objects.scaled_object(self, component))

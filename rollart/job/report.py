@@ -1,8 +1,9 @@
 """The run report: ``report.json`` (per-step figures and run totals) and ``report.png``.
 
 Built from the trainer's record (``record.jsonl``: one row per step, one per weight publication),
-the generation consumers' weight-load log (pull and exposed-pause seconds per version) and the run
-monitor's counts of completed and aborted trajectories.
+the generation consumers' weight-load log (pull and exposed-pause seconds per version), the run
+monitor's counts of completed and aborted trajectories and, with ``eval:``, the eval stage's record
+(``eval.jsonl``: per evaluated version and tag, success, reward and turns).
 """
 
 from __future__ import annotations
@@ -16,6 +17,19 @@ STEP_FIELDS = ("step", "trained_version", "reward_mean", "success_rate", "stalen
                "samples", "groups", "tokens", "turns_mean", "wait_s", "train_s", "buffer_groups", "time")
 
 
+def eval_record(out: Path) -> Path:
+    """Where the eval stage of a run appends its summaries (one JSON line per evaluated version)."""
+    return out / "eval.jsonl"
+
+
+def read_evals(out: Path) -> list[dict]:
+    try:
+        lines = eval_record(out).read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def _summary(values: list[float]) -> dict:
     if not values:
         return {"count": 0}
@@ -25,7 +39,8 @@ def _summary(values: list[float]) -> dict:
 
 
 def build_report(*, job: str, alpha: int, record: list[dict], loads: list[dict], monitor: dict,
-                 started_at: float, finished_at: float, restarts: dict[str, int], interrupted: bool = False) -> dict:
+                 started_at: float, finished_at: float, restarts: dict[str, int], interrupted: bool = False,
+                 evals: list[dict] = ()) -> dict:
     """``interrupted``: the run stopped before its steps (Ctrl-C, SIGTERM, a failure), or the report
     was rebuilt from the record alone (``rollart report``): the figures cover what was trained."""
     rows = [r for r in record if "event" not in r]
@@ -65,6 +80,8 @@ def build_report(*, job: str, alpha: int, record: list[dict], loads: list[dict],
         },
         "restarts": restarts,
         "interrupted": interrupted,
+        # per evaluated version: step, complete, off_version_tokens, per tag tasks/scored/failed/success/reward/turns
+        "eval": [{k: v for k, v in row.items() if k != "trajectories"} for row in evals],
     }
 
 
@@ -82,7 +99,7 @@ def rebuild_report(out: Path) -> dict:
     started = run.get("started_at") or (min(times) if times else 0.0)
     report = build_report(job=run["job"], alpha=run.get("alpha"), record=record, loads=[], monitor={},
                           started_at=started, finished_at=max(times, default=started), restarts={},
-                          interrupted=True)
+                          interrupted=True, evals=read_evals(out))
     write_report(report, out)
     return report
 
@@ -104,13 +121,17 @@ def plot_report(report: dict, path: Path) -> None:
 
     steps = report["steps"]
     x = [s["step"] for s in steps]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    evals = report.get("eval") or []
+    fig, axes = plt.subplots(3 if evals else 2, 1, figsize=(8, 10 if evals else 7), sharex=True)
+    top, bottom = axes[0], axes[-1]
     top.plot(x, [s["reward_mean"] for s in steps], label="reward (batch mean)")
     top.plot(x, [s["success_rate"] for s in steps], label="success rate", alpha=0.7)
     top.set_ylabel("reward / success")
     top.set_title(f"{report['job']}  alpha={report['alpha']}  {report['tokens_per_s']:.0f} tokens/s")
     top.legend(loc="lower right")
     top.grid(alpha=0.3)
+    if evals:
+        _plot_evals(axes[1], evals)
     for phase in ("wait", "train", "publish"):
         bottom.plot(x, [s.get(f"{phase}_s") or 0.0 for s in steps], label=f"{phase} s")
     bottom.set_xlabel("training step")
@@ -120,3 +141,15 @@ def plot_report(report: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_evals(ax, evals: list[dict]) -> None:
+    """Held-out success per tag against the training step of each evaluated version."""
+    for tag in sorted({t for row in evals for t in row["tags"]}):
+        rows = [r for r in evals if tag in r["tags"]]
+        ax.plot([r["step"] for r in rows], [r["tags"][tag]["success_rate"] for r in rows], marker="o",
+                label=f"eval {tag} success")
+    ax.set_ylabel("eval success (held out)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)

@@ -2,11 +2,12 @@
 
 The local stack (broker, Redis, Mooncake store) is started for the run unless endpoints are
 configured; the job gets a fresh name (its topics and state never mix with an earlier run's);
-generation consumers, env consumers, the reward stage, the trainer and the feeder start as
-processes. The runner supervises them as Kubernetes would: a stage that dies is restarted (the
+generation consumers, env consumers, the reward stage, the trainer, the eval stage (with ``eval:``)
+and the feeder start as processes. The runner supervises them as Kubernetes would: a stage that dies is restarted (the
 trainer with ``--resume``, from its last checkpoint). A monitor counts completed and aborted
 trajectories; live progress comes from the trainer's record. When the trainer has done the asked
-number of steps, the stages are stopped and ``report.json`` / ``report.png`` are written.
+number of steps (and the last due version is evaluated), the stages are stopped and ``report.json`` /
+``report.png`` are written.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from rollart.config import ConfigError, RollartConfig
-from rollart.job.report import build_report, write_report
+from rollart.evaluation.tasks import eval_sources, latest_due
+from rollart.job.report import build_report, eval_record, read_evals, write_report
 from rollart.local.processes import StageProcesses
 from rollart.messages import Abort, CompletedTrajectory, Envelope
 from rollart.models.tiny import ensure_model
@@ -98,6 +100,8 @@ def start_stages(procs: StageProcesses, cfg: RollartConfig, opts: RunOptions) ->
         procs.start(f"env-{i}", "env")
     procs.start("reward-0", "reward")
     procs.start("trainer", "trainer", *(["--resume"] if opts.resume else []))
+    if cfg.eval is not None:
+        procs.start("eval", "eval")
     procs.start("feeder", "feeder")
 
 
@@ -130,12 +134,14 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
     alpha = trainer_alpha(config)
     check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag, not in a stage
     sources_from(config)
+    eval_sources(config)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     job = _job_name(config, opts)
     checkpoints = CheckpointStore(out / "checkpoints")
     if not opts.resume:
         shutil.rmtree(checkpoints.root, ignore_errors=True)
+        eval_record(out).unlink(missing_ok=True)
     (out / "run.json").write_text(json.dumps({"job": job, "config": str(config_path), "steps": opts.steps,
                                               "alpha": alpha, "started_at": time.time()}))
     await asyncio.to_thread(ensure_model, config.model)  # once (with its warm start), before the stages race
@@ -147,7 +153,7 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
         raise
     report = build_report(job=job, alpha=alpha, record=checkpoints.read_record(), loads=loads,
                           monitor=monitor.summary(), started_at=monitor.started_at, finished_at=time.time(),
-                          restarts=dict(restarts))
+                          restarts=dict(restarts), evals=read_evals(out))
     write_report(report, out)
     return report
 
@@ -162,6 +168,7 @@ async def _run_on_stack(config_path: Path, config: RollartConfig, job: str, opts
             "ROLLART_TRAINER_CHECKPOINT_DIR": str(checkpoints.root),
             "ROLLART_TRAINER_MAX_STEPS": str(opts.steps),
             "ROLLART_WEIGHTS_FS_ROOT": str(opts.out / "weights"),
+            **({"ROLLART_EVAL_RECORD": str(eval_record(opts.out))} if config.eval is not None else {}),
             **shared_machine_threads(config),
         }, metrics_targets=write_prometheus_config(opts.out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity))
         monitor.started_at = time.time()
@@ -180,7 +187,8 @@ def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore
     try:
         report = build_report(job=job, alpha=alpha, record=checkpoints.read_record(), loads=[],
                               monitor=monitor.summary(), started_at=monitor.started_at or time.time(),
-                              finished_at=time.time(), restarts=dict(restarts), interrupted=True)
+                              finished_at=time.time(), restarts=dict(restarts), interrupted=True,
+                              evals=read_evals(out))
         write_report(report, out)
     except Exception:  # noqa: BLE001
         log.exception("could not write the interrupted run's report to %s", out)
@@ -203,6 +211,7 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
                 shown = len(rows)
                 trainer = procs.stages["trainer"]
                 if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
+                    await _last_evaluation(cfg, opts, procs, restarts)
                     return
                 if shown and streaming_since is None:
                     streaming_since = time.monotonic()
@@ -218,6 +227,20 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
             loop.stop()
             with contextlib.suppress(Exception):
                 await runner
+
+
+async def _last_evaluation(cfg: RollartConfig, opts: RunOptions, procs: StageProcesses, restarts: Counter) -> None:
+    """The steps are trained: wait (up to ``eval.timeout_s``) for the evaluation of the last due version."""
+    if cfg.eval is None:
+        return
+    last = latest_due(cfg, opts.steps)  # the trainer publishes a version per step
+    deadline = time.monotonic() + cfg.eval.timeout_s
+    while last is not None and time.monotonic() < deadline:
+        if any(row["version"] >= last for row in read_evals(opts.out)):
+            return
+        supervise(procs, restarts, opts)
+        await asyncio.sleep(0.5)
+    log.warning("the evaluation of version %s was not over %.0fs after the last step", last, cfg.eval.timeout_s)
 
 
 def write_prometheus_config(directory: Path, scrape_interval_s: float = 5.0) -> Path:

@@ -39,7 +39,7 @@ class TaskSpec:
     """One task group released by the feeder: ``group_size`` rollouts of the same env seed/prompt."""
 
     KIND: ClassVar[str] = "TaskSpec"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 2)
 
     group_id: Id
     env: Name  # registry name or import path of the environment class
@@ -54,6 +54,9 @@ class TaskSpec:
     # A replacement rollout for a member whose reward was dead-lettered (released by the reward stage,
     # not the feeder): one trajectory, ``<replaces>.d-0``, that counts in the group, not in admission.
     replaces: Id | None = None
+    # An evaluation task (released by the eval stage, not the feeder): served on eval.pool with exactly
+    # this version's weights, its results go to eval.results and never to the trainer.
+    eval_version: Version | None = None
 
     def message_id(self) -> str:
         return f"task:{self.group_id}" + (f":{self.replaces}" if self.replaces else "")
@@ -79,7 +82,7 @@ class GenerationRequest:
     """Ask a generation pool for the next LLM turn of a trajectory (full token context)."""
 
     KIND: ClassVar[str] = "GenerationRequest"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 2)
 
     traj_id: Id
     turn: NonNegInt
@@ -99,6 +102,8 @@ class GenerationRequest:
     # Serve with weights of at least this version (the version the task was admitted under): with
     # alpha = 0 this makes every turn of the next batch come from the policy just published.
     min_version: Version = 0
+    # Serve with exactly this version's weights (an eval task's pinned version; only the eval pool can).
+    exact_version: Version | None = None
 
     def message_id(self) -> str:
         return f"gen:{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"
@@ -135,7 +140,7 @@ class GroupEnded:
     replacements ran out, a reward dead-lettered) instead of holding it until the buffer overflows."""
 
     KIND: ClassVar[str] = "GroupEnded"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 2)
 
     group_id: Id
     tag: Name
@@ -144,6 +149,7 @@ class GroupEnded:
     replacements: NonNegInt = 0  # replacement rollouts started for them
     created_at: float = 0.0
     replaces: Id | None = None  # the end of a dead-lettered member's replacement task (TaskSpec.replaces)
+    eval_version: Version | None = None  # an eval task's group (TaskSpec.eval_version)
 
     def message_id(self) -> str:
         return f"group-ended:{self.group_id}" + (f":{self.replaces}" if self.replaces else "")
@@ -192,7 +198,7 @@ class CompletedTrajectory:
     """A finished multi-turn trajectory as one token sequence with a loss mask over LLM tokens."""
 
     KIND: ClassVar[str] = "CompletedTrajectory"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)
 
     traj_id: Id
     group_id: Id
@@ -212,6 +218,7 @@ class CompletedTrajectory:
     metrics: Metrics = field(default_factory=dict)
     timings: Metrics = field(default_factory=dict)  # seconds: env_reset, env_step, generation, total
     labels: Labels = field(default_factory=dict)  # e.g. the verified answer of a math task
+    eval_version: Version | None = None  # an eval trajectory, pinned to this version (TaskSpec.eval_version)
 
     def message_id(self) -> str:
         return f"traj:{self.traj_id}"
@@ -272,6 +279,36 @@ class VersionAnnouncement:
         return f"version:{self.job}:{self.version}"
 
 
+@dataclass(frozen=True, slots=True)
+class EvalTagResult:
+    tasks: NonNegInt  # eval task groups released
+    scored: NonNegInt  # trajectories scored
+    failed: NonNegInt = 0  # trajectories that ended without a score (aborted, reward dead-lettered, not over in time)
+    success_rate: float = 0.0  # over scored trajectories
+    reward_mean: float = 0.0
+    turns_mean: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSummary:
+    """One policy version's evaluation (eval stage → ``eval.summaries``, compacted by version)."""
+
+    KIND: ClassVar[str] = "EvalSummary"
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+
+    job: Id
+    version: Version
+    step: NonNegInt = 0  # the training step that produced the version (0: the initial policy)
+    tags: Annotated[dict[Name, EvalTagResult], msgspec.Meta(max_length=1024)] = field(default_factory=dict)
+    complete: bool = True  # every eval trajectory ended before eval.timeout_s
+    off_version_tokens: NonNegInt = 0  # generated tokens not from ``version`` (the pin's check: 0)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+    def message_id(self) -> str:
+        return f"eval:{self.job}:{self.version}"
+
+
 MESSAGE_KINDS: tuple[type, ...] = (
     TaskSpec,
     GenerationRequest,
@@ -281,4 +318,5 @@ MESSAGE_KINDS: tuple[type, ...] = (
     CompletedTrajectory,
     ScoredTrajectory,
     VersionAnnouncement,
+    EvalSummary,
 )

@@ -6,6 +6,8 @@ from rollart.messages.arrays import Float32Array, Int32Array, UInt8Array
 from rollart.messages.kinds import (
     Abort,
     CompletedTrajectory,
+    EvalSummary,
+    EvalTagResult,
     GenerationRequest,
     GenerationResult,
     GroupEnded,
@@ -49,4 +51,6 @@ def sample_messages(tokens: int = 16) -> list:
                             manifest=WeightManifest(transport="fs", location="/tmp/w",
                                                     buckets=(WeightBucket(key="b0", nbytes=1024, tensors=("w",)),),
                                                     total_bytes=1024, dtype="float32")),
+        EvalSummary(job="doctor", version=4, step=4, tags={"frozenlake": EvalTagResult(
+            tasks=8, scored=7, failed=1, success_rate=0.5, reward_mean=0.25, turns_mean=3.5)}),
     ]

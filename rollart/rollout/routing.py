@@ -43,17 +43,21 @@ class PoolRouter:
         self._live = {pool: bool(members) for pool, members in live.items()}
         self._checked = time.monotonic()
 
-    async def pool_for(self, tag: str, *, wait_s: float = 0.0) -> str:
+    async def pool_for(self, tag: str, *, wait_s: float = 0.0, evaluation: bool = False) -> str:
         """The tag's pool if it has live members, else a live pool (counted as a fallback). When no
         pool is live, wait up to ``wait_s`` for one (engines still loading, a pool restarting) rather
-        than start a generation timeout against nobody; after that, the preferred pool."""
-        preferred = self.config.pool_for(tag)
+        than start a generation timeout against nobody; after that, the preferred pool. The eval pool
+        (``eval.pool``) serves eval tasks (``evaluation``) only, and they no other pool: it holds the
+        version being evaluated, the others the latest."""
+        eval_pool = self.config.eval.pool if self.config.eval is not None else None
+        preferred = eval_pool if evaluation else self.config.pool_for(tag)
+        fallbacks = [] if evaluation else [p for p in self.config.pools if p != eval_pool]
         deadline = time.monotonic() + wait_s
         while True:
             await self._refresh()
             if self._live.get(preferred, False):
                 return preferred
-            for pool in self.config.pools:
+            for pool in fallbacks:
                 if self._live.get(pool):
                     FALLBACKS.labels(self.config.job, tag, preferred, pool).inc()
                     return pool

@@ -63,5 +63,5 @@ class TrajectoryBuilder:
             prompt_len=self.prompt_len, turns=self.turns, env_reward=self.env_reward, status=status,
             seed=self.task.seed, start_version=min(generated, default=0), end_version=max(generated, default=0),
             metrics={"success": float(self.success), "invalid_actions": float(self.invalid_actions)},
-            timings=timings, labels=dict(self.task.labels),
+            timings=timings, labels=dict(self.task.labels), eval_version=self.task.eval_version,
         )

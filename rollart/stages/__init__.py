@@ -9,7 +9,17 @@ STAGE_GROUPS: dict[str, tuple[str, ...]] = {
     "generation": ("gen-{pool}",),
     "reward": ("reward", "reward-judge"),
     "trainer": ("trainer",),
+    "eval": ("eval",),
 }
+
+
+def stage_needed(stage: str, config) -> bool:
+    """Whether the job runs ``stage`` (the eval stage only with an ``eval:`` section)."""
+    return stage != "eval" or config.eval is not None
+
+
+# One member at a time (a Recreate rollout, never autoscaled): the stages that write a sequence alone.
+SINGLE_WRITERS = ("feeder", "trainer", "eval")
 
 
 def prepare_config(config):
@@ -53,5 +63,9 @@ async def entry(stage: str, config, pool: str | None = None, *, resume: bool = F
         from rollart.stages.trainer import run_trainer
 
         await run_trainer(config, stop, resume=resume)
+    elif stage == "eval":
+        from rollart.stages.evaluation import run_eval
+
+        await run_eval(config, stop)
     else:
         raise ValueError(f"unknown stage {stage!r}")

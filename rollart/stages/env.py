@@ -98,9 +98,10 @@ class TrajectoryAborted(Exception):
 GenerateTurn = Callable[[TaskSpec, str, int, TrajectoryBuilder], Awaitable[GenerationResult]]
 
 
-def turn_sampling(config: RollartConfig, chat: ChatFormat) -> SamplingParams:
-    """The sampling parameters of every LLM turn (``env.sampling``; the chat's end of turn stops)."""
-    sampling = config.env.sampling
+def turn_sampling(config: RollartConfig, chat: ChatFormat, *, evaluation: bool = False) -> SamplingParams:
+    """The sampling parameters of every LLM turn (``env.sampling``, or ``eval.sampling`` for an eval
+    task; the chat's end of turn stops)."""
+    sampling = config.eval.sampling if evaluation else config.env.sampling
     return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                           max_tokens=sampling.max_tokens, stop_token_ids=chat.stop_token_ids)
 
@@ -212,6 +213,7 @@ class EnvManager:
         self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.trajectories = TrajectoryRunner(self.config, chat, self._generate, self._check_staleness)
         self.sampling = turn_sampling(self.config, chat)
+        self.eval_sampling = turn_sampling(self.config, chat, evaluation=True) if self.config.eval else None
         self._version = (0, 0.0)  # (value, read at)
 
     # -- tasks: groups --------------------------------------------------------------------------
@@ -219,7 +221,7 @@ class EnvManager:
     async def handle_task(self, envelope: Envelope, ctx: MessageContext) -> None:
         task: TaskSpec = envelope.message
         completed = len((await self.run_group(task, ctx)).completed)
-        if task.replaces:  # a dead-lettered member's replacement: part of its group, not a group admitted
+        if task.replaces or task.eval_version is not None:  # a replacement or an eval task: never admitted
             return
         GROUPS.labels(self.config.job, task.tag, "complete" if completed >= task.group_size else "incomplete").inc()
         if self.config.feeder.alpha is not None:  # accepted: the trainer will train it (see min_group_size)
@@ -252,13 +254,16 @@ class EnvManager:
     # -- one turn, over the bus -----------------------------------------------------------------
 
     async def _generate(self, task: TaskSpec, traj_id: str, turn: int, builder: TrajectoryBuilder) -> GenerationResult:
-        pool = await self.router.pool_for(task.tag, wait_s=self.config.env.pool_wait_s)
+        evaluation = task.eval_version is not None  # served by the eval pool, with exactly that version
+        pool = await self.router.pool_for(task.tag, wait_s=self.config.env.pool_wait_s, evaluation=evaluation)
+        sampling = self.eval_sampling if evaluation else self.sampling
 
         def build(partition: int, attempt: int) -> GenerationRequest:
             return GenerationRequest(traj_id=traj_id, turn=turn, attempt=attempt, episode=builder.episode,
                                      group_id=task.group_id, tag=task.tag, pool=pool, prompt_ids=builder.tokens,
-                                     reply_partition=partition, owner=self.member, sampling=self.sampling,
-                                     created_at=time.time(), min_version=task.admitted_version)
+                                     reply_partition=partition, owner=self.member, sampling=sampling,
+                                     created_at=time.time(), min_version=task.admitted_version,
+                                     exact_version=task.eval_version)
 
         started = time.perf_counter()
         try:
@@ -275,8 +280,8 @@ class EnvManager:
     async def _check_staleness(self, builder: TrajectoryBuilder) -> None:
         alpha = self.config.feeder.alpha
         start = builder.start_version
-        if alpha is None or start is None:
-            return
+        if alpha is None or start is None or builder.task.eval_version is not None:
+            return  # an eval trajectory is pinned to its version: it is meant to be "stale"
         value, read_at = self._version
         if time.monotonic() - read_at > 1.0:
             value = await self.versions.current()
@@ -331,7 +336,7 @@ class GroupRun:
             raise
         ended = GroupEnded(group_id=task.group_id, tag=task.tag, completed=tuple(self.completed),
                            aborted=self.aborted, replacements=self.replacements, created_at=time.time(),
-                           replaces=task.replaces)
+                           replaces=task.replaces, eval_version=task.eval_version)
         await self.emit(ended)
         return ended
 

@@ -24,7 +24,7 @@ from rollart.bus.reader import read_to_end
 from rollart.bus.stopping import StopRequest
 from rollart.lag import consumer_lag
 from rollart.config import ConfigError, RollartConfig
-from rollart.datasets import Row, load_rows
+from rollart.datasets import Row, training_rows
 from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
@@ -54,7 +54,7 @@ def sources_from(config: RollartConfig) -> list[Source]:
         if spec.weight <= 0:
             continue
         try:
-            rows = load_rows(spec.dataset) if spec.dataset else ()
+            rows = training_rows(spec.dataset) if spec.dataset else ()
         except ValueError as exc:
             raise ConfigError(f"tags.{tag}.dataset: {exc}") from None
         sources.append(Source(tag, spec.env, spec.weight, rows))

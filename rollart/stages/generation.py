@@ -3,7 +3,9 @@
 Requests from ``gen.requests.<pool>`` are handed to the engine as they arrive (up to
 ``generation.max_concurrency`` at once; vLLM batches them continuously). Results go to the owner's
 reply partition of ``env.actions``. An Abort for a trajectory cancels its running request. Members
-heartbeat into the pool registry so env consumers can route around a pool with no live members.
+heartbeat into the pool registry so env consumers can route around a pool with no live members. A
+pool follows the trainer's versions (:mod:`rollart.weights.follower`), except the eval pool: it holds
+the version its requests are pinned to (:mod:`rollart.evaluation.pinning`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.bus.stopping import StartupInterrupted
 from rollart.config import RollartConfig
+from rollart.evaluation.pinning import PinnedWeights
 from rollart.messages import Abort, Envelope, GenerationRequest
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import PoolRegistry
@@ -45,10 +48,11 @@ def member_id(pool: str) -> str:
 
 
 class GenerationStage:
-    def __init__(self, runtime: Runtime, engine, pool: str, member: str, follower=None):
+    def __init__(self, runtime: Runtime, engine, pool: str, member: str, follower=None, pins=None):
         self.runtime = runtime
         self.engine = engine
         self.follower = follower  # a WeightFollower, or None when the pool serves fixed weights
+        self.pins = pins  # the eval pool's PinnedWeights (requests with exact_version), else None
         self.pool = pool
         self.member = member
         self.labels = (runtime.config.job, pool)
@@ -69,13 +73,16 @@ class GenerationStage:
         assert isinstance(message, GenerationRequest)
         if message.reply_topic not in REPLY_TOPICS:
             raise PermanentError(f"reply_topic {message.reply_topic!r} is not one of {sorted(REPLY_TOPICS)}")
-        if self.follower is not None and message.min_version > self.engine.version:
-            await self.follower.wait_for(message.min_version)
-        RUNNING.labels(*self.labels).inc()
-        try:
-            result = await self.engine.generate(message)
-        finally:
-            RUNNING.labels(*self.labels).dec()
+        if message.exact_version is not None:
+            if self.pins is None:
+                raise PermanentError(f"a request pinned to version {message.exact_version} reached pool {self.pool}, "
+                                     "which follows the training versions (only eval.pool serves pinned requests)")
+            async with self.pins.serving(message.exact_version):
+                result = await self._generate(message)
+        else:
+            if self.follower is not None and message.min_version > self.engine.version:
+                await self.follower.wait_for(message.min_version)
+            result = await self._generate(message)
         result = replace(result, pool=self.pool, instance=self.member)
         REQUESTS.labels(*self.labels, result.finish_reason).inc()
         if result.finish_reason == "abort":
@@ -85,6 +92,14 @@ class GenerationStage:
         version = result.versions[0] if len(result.versions) else None
         await ctx.produce(message.reply_topic, result, key=message.traj_id, partition=message.reply_partition,
                           policy_version=version)
+
+
+    async def _generate(self, message: GenerationRequest):
+        RUNNING.labels(*self.labels).inc()
+        try:
+            return await self.engine.generate(message)
+        finally:
+            RUNNING.labels(*self.labels).dec()
 
 
 def generation_loop(rt: Runtime, stage: GenerationStage):
@@ -114,8 +129,11 @@ async def run_generation(config: RollartConfig, pool: str, stop: StopRequest, *,
             log.info("stop requested while the engine started: leaving before joining gen-%s", pool)
             return
         async with open_runtime(config, client_id=member) as rt:
-            follower = WeightFollower(rt, engine, pool=pool, member=member) if config.generation.follow_versions else None
-            stage = GenerationStage(rt, engine, pool, member, follower)
+            pins = PinnedWeights(rt, engine, pool=pool, member=member) \
+                if config.eval is not None and pool == config.eval.pool else None
+            follower = WeightFollower(rt, engine, pool=pool, member=member) \
+                if config.generation.follow_versions and pins is None else None
+            stage = GenerationStage(rt, engine, pool, member, follower, pins)
             loop = generation_loop(rt, stage)
             stop.on_request(loop.stop)
             following = asyncio.create_task(follower.run()) if follower else None
@@ -128,5 +146,7 @@ async def run_generation(config: RollartConfig, pool: str, stop: StopRequest, *,
                     following.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await following
+                if pins is not None:
+                    pins.close()
     finally:
         engine.shutdown()

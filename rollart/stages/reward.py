@@ -10,6 +10,8 @@ computed (the endpoint keeps failing, a rule cannot apply) is dead-lettered with
 the bridge goes on; the trainer gets an Abort (``reward_failed``) for it and, while the member's
 lineage has replacements left (``feeder.max_replacements``), the env stage a replacement task. Aborts on
 ``trajectories.completed`` are counted and not scored; a group's GroupEnded is passed on to the trainer.
+An eval trajectory (``eval_version`` set) is scored the same way and goes, with its group's end, to
+``eval.results`` for the eval stage instead (a dead-lettered one is not replaced: the summary counts it).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class RewardBridge:
             ABORTS_SEEN.labels(self.config.job, message.tag, message.reason).inc()
             return
         if isinstance(message, GroupEnded):  # the trainer needs it to tell a group that will not fill
-            await ctx.produce("rewards.results", message, key=message.group_id)
+            await ctx.produce(results_topic(message.eval_version), message, key=message.group_id)
             return
         spec = reward_spec(self.config, message.tag)
         started = time.perf_counter()
@@ -73,20 +75,20 @@ class RewardBridge:
             raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}", notify=self._failed(message)) from None
         LATENCY.labels(self.config.job, message.tag, spec.type).observe(time.perf_counter() - started)
         SCORED.labels(self.config.job, message.tag).inc()
-        await ctx.produce("rewards.results", scored_trajectory(message, reward, components, spec),
+        await ctx.produce(results_topic(message.eval_version), scored_trajectory(message, reward, components, spec),
                           key=message.group_id, policy_version=message.start_version)
 
     def _failed(self, trajectory: CompletedTrajectory) -> list[tuple[str, object, str]]:
         """What goes out with a dead-lettered trajectory: an Abort telling the trainer (so its group need
         not wait for it) and, while its lineage has replacements left, a replacement task on ``tasks``
         (the same task, one rollout) that the Abort names; both in this input's transaction."""
-        task = replacement_task(self.config, self.sources, trajectory)
+        task = replacement_task(self.config, self.sources, trajectory) if trajectory.eval_version is None else None
         failed = Abort(traj_id=trajectory.traj_id, turn=trajectory.turns, reason=REWARD_FAILED,
                        group_id=trajectory.group_id, tag=trajectory.tag, created_at=time.time(),
                        replacement=f"{task.member_prefix()}-0" if task else "")
         if task is not None:
             REPLACEMENTS.labels(self.config.job, trajectory.tag).inc()
-        return [("rewards.results", failed, trajectory.group_id),
+        return [(results_topic(trajectory.eval_version), failed, trajectory.group_id),
                 *([("tasks", task, task.group_id)] if task is not None else [])]
 
     async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
@@ -122,6 +124,11 @@ class RewardBridge:
 
     async def close(self) -> None:
         await self.scorer.close()
+
+
+def results_topic(eval_version: int | None) -> str:
+    """Scores of eval trajectories go to the eval stage, never to the trainer."""
+    return "rewards.results" if eval_version is None else "eval.results"
 
 
 def replacement_task(config: RollartConfig, sources, trajectory: CompletedTrajectory) -> TaskSpec | None:

@@ -47,7 +47,7 @@ def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> 
     names = own_groups | {stage}
     read: set[str] = set()
     write: set[str] = set()
-    for spec in load_catalog(config.topics).values():
+    for spec in (s for s in load_catalog(config.topics).values() if s.needed_by(config)):
         for topic_pool in (config.pools if spec.per_pool else [pool]):
             def named(entries: tuple[str, ...]) -> set[str]:
                 return {e.format(pool=topic_pool) if topic_pool else e for e in entries}
@@ -68,7 +68,7 @@ def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> 
 
 def job_access(config: RollartConfig) -> list[StageAccess]:
     """Every stage's access, one generation entry per pool."""
-    from rollart.stages import STAGE_GROUPS
+    from rollart.stages import STAGE_GROUPS, stage_needed
 
-    return [stage_access(config, stage, pool) for stage in STAGE_GROUPS
+    return [stage_access(config, stage, pool) for stage in STAGE_GROUPS if stage_needed(stage, config)
             for pool in (config.pools if stage == "generation" else [None])]

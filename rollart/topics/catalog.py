@@ -40,6 +40,8 @@ class TopicSpec(BaseModel):
     # Stages that read it outside any group, from the start (state rebuilt from the log); "*": every stage.
     readers: tuple[str, ...] = ()
     dlq: bool = True
+    # The job config section the topic exists for (eval: only a job with ``eval:``); None: every job.
+    requires: Literal["eval"] | None = None
     dlq_partitions: int = Field(default=1, ge=1)
     dlq_retention_ms: int = Field(default=30 * 24 * 3600 * 1000, ge=-1)
 
@@ -56,6 +58,9 @@ class TopicSpec(BaseModel):
         if self.per_pool != ("{pool}" in self.name):
             raise ValueError("per_pool topics must have '{pool}' in their name, and only they")
         return self
+
+    def needed_by(self, config: RollartConfig) -> bool:
+        return self.requires is None or getattr(config, self.requires) is not None
 
     @property
     def message_kinds(self) -> tuple[type, ...]:
@@ -133,7 +138,7 @@ def expand_catalog(config: RollartConfig, catalog: dict[str, TopicSpec] | None =
     names = TopicNames(config.job)
     limit = config.bus.max_value_bytes + MESSAGE_OVERHEAD_BYTES
     out: list[PhysicalTopic] = []
-    for spec in catalog.values():
+    for spec in (s for s in catalog.values() if s.needed_by(config)):
         logicals = [spec.name.format(pool=p) for p in config.pools] if spec.per_pool else [spec.name]
         for logical in logicals:
             physical = names.physical(logical)

@@ -18,9 +18,9 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 from prometheus_client import Gauge, Histogram
 
 from rollart.bus.reader import topic_partitions
@@ -69,6 +69,46 @@ async def pulling_versions(redis, prefix: str, job: str) -> list[int]:
         else:
             versions.append(int(mark["version"]))
     return versions
+
+
+async def pull_and_load(engine, transport, announcement: VersionAnnouncement, staging: Path) -> tuple[float, float]:
+    """Pull a version's buckets into ``staging`` (in a thread), load them into the engine and remove
+    them; returns (pull seconds, exposed load seconds)."""
+    started = time.perf_counter()
+    directory = await asyncio.to_thread(pull_version, transport, announcement.manifest, announcement.version, staging)
+    pull_s = time.perf_counter() - started
+    try:
+        load_s = await engine.load_weights(directory, announcement.version)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return pull_s, load_s
+
+
+async def watch_versions(rt, client_id: str, seen: Callable[[VersionAnnouncement], Awaitable[None]]) -> None:
+    """Call ``seen`` with every announcement of the job on ``policy.versions``, from the start of the log
+    and then as they come (outside any consumer group: every reader needs every announcement); runs
+    until cancelled."""
+    config = rt.config
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest",
+                                fetch_max_wait_ms=config.bus.fetch_max_wait_ms, client_id=client_id,
+                                **kafka_client_kwargs(config.kafka, rt.endpoints.kafka_bootstrap))
+    await consumer.start()
+    try:
+        tps = await topic_partitions(consumer, rt.producer.names.physical("policy.versions"))
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for record in (r for records in batch.values() for r in records):
+                try:
+                    message = DEFAULT_CODEC.decode(record.value, record.headers, accept=(VersionAnnouncement,)).message
+                except MessageDecodeError:
+                    continue  # not ours to dead-letter: the topic has no consumer group
+                if message.job == config.job:
+                    await seen(message)
+    finally:
+        await consumer.stop()
 
 
 class WeightFollower:
@@ -130,32 +170,13 @@ class WeightFollower:
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def _watch(self) -> None:
-        consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest",
-                                    fetch_max_wait_ms=self.config.bus.fetch_max_wait_ms,
-                                    client_id=f"{self.member}-versions",
-                                    **kafka_client_kwargs(self.config.kafka, self.rt.endpoints.kafka_bootstrap))
-        await consumer.start()
-        try:
-            topic = self.rt.producer.names.physical("policy.versions")
-            tps = await topic_partitions(consumer, topic)
-            consumer.assign(tps)
-            for tp in tps:
-                consumer.seek(tp, 0)
-            while True:
-                batch = await consumer.getmany(timeout_ms=200)
-                for record in (r for records in batch.values() for r in records):
-                    try:
-                        message = DEFAULT_CODEC.decode(record.value, record.headers,
-                                                       accept=(VersionAnnouncement,)).message
-                    except MessageDecodeError:
-                        continue  # not ours to dead-letter: the topic has no consumer group
-                    if message.job == self.config.job and (self._latest is None
-                                                           or message.version > self._latest.version):
-                        self._latest = message
-                        async with self._changed:
-                            self._changed.notify_all()
-        finally:
-            await consumer.stop()
+        async def seen(message: VersionAnnouncement) -> None:
+            if self._latest is None or message.version > self._latest.version:
+                self._latest = message
+                async with self._changed:
+                    self._changed.notify_all()
+
+        await watch_versions(self.rt, f"{self.member}-versions", seen)
 
     async def _apply(self, announcement: VersionAnnouncement) -> None:
         prefix, job = self.config.redis.key_prefix, self.config.job
@@ -165,11 +186,7 @@ class WeightFollower:
                                  json.dumps({"version": version, "until": time.time() + PULL_MARK_TTL_S}))
         if self._transport is None:
             self._transport = await asyncio.to_thread(make_transport, self.config.weights, self.rt.endpoints)
-        started = time.perf_counter()
-        directory = await asyncio.to_thread(pull_version, self._transport, announcement.manifest, version,
-                                            self.staging)
-        pull_s = time.perf_counter() - started
-        load_s = await self.engine.load_weights(directory, version)
+        pull_s, load_s = await pull_and_load(self.engine, self._transport, announcement, self.staging)
         await self.rt.redis.hdel(pulling_key(prefix, job), self.member)
         PULL_SECONDS.labels(*self.labels).observe(pull_s)
         LOAD_SECONDS.labels(*self.labels).observe(load_s)
@@ -178,7 +195,6 @@ class WeightFollower:
             "member": self.member, "pool": self.pool, "version": version, "pull_s": round(pull_s, 6),
             "load_s": round(load_s, 6), "bytes": announcement.manifest.total_bytes,
             "lag_s": round(time.time() - announcement.published_at, 6)}))
-        shutil.rmtree(directory, ignore_errors=True)
         async with self._changed:
             self._changed.notify_all()
         log.info("%s: loaded version %d (pull %.3fs, pause %.3fs)", self.member, version, pull_s, load_s)

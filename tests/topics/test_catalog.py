@@ -14,7 +14,7 @@ from tests.conftest import make_config
 def test_catalog_describes_every_architecture_topic():
     catalog = load_catalog()
     assert set(catalog) == {"tasks", "gen.requests.{pool}", "env.actions", "trajectories.completed",
-                            "rewards.results", "rewards.judge", "policy.versions"}
+                            "rewards.results", "rewards.judge", "policy.versions", "eval.results", "eval.summaries"}
     assert catalog["policy.versions"].cleanup_policy == "compact"
     assert catalog["gen.requests.{pool}"].kinds == ("GenerationRequest", "Abort")
     assert spec_for("gen.requests.h20", catalog) is catalog["gen.requests.{pool}"]
@@ -27,7 +27,11 @@ def test_expansion_prefixes_job_and_expands_pools(endpoints):
     names = {t.name for t in expand_catalog(config)}
     assert {"myjob.gen.requests.h20", "myjob.gen.requests.h800", "myjob.gen.requests.h20.dlq",
             "myjob.tasks", "myjob.tasks.dlq", "myjob.policy.versions"} <= names
-    assert len(names) == 2 * (6 + 2)
+    assert len(names) == 2 * (6 + 2), "no eval topics for a job without eval:"
+    evaluated = make_config(endpoints, job="myjob", pools=["h20", "h800"],
+                            tags={"grid": {"env": "frozenlake", "weight": 0}}, eval={"tags": ["grid"], "pool": "h800"})
+    assert {t.name for t in expand_catalog(evaluated)} - names == {
+        "myjob.eval.results", "myjob.eval.results.dlq", "myjob.eval.summaries", "myjob.eval.summaries.dlq"}
 
 
 def test_bad_catalog_entry_names_the_file_and_field(tmp_path):
