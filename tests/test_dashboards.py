@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 import rollart.metrics  # noqa: F401 - registers the metrics
 import rollart.rollout.routing  # noqa: F401
 import rollart.stages.env  # noqa: F401
+import rollart.stages.evaluation  # noqa: F401
 import rollart.stages.feeder  # noqa: F401
 import rollart.stages.generation  # noqa: F401
 import rollart.stages.reward  # noqa: F401

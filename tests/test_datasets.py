@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollart.config import ConfigError, DatasetSpec, build_config
-from rollart.datasets import load_rows
+from rollart.datasets import eval_rows, load_rows, training_rows
 from rollart.stages.feeder import sources_from, task_spec
 
 ROWS = [{"question": "What is 6 * 7?", "solution": "42", "level": 1},
@@ -51,8 +51,12 @@ def test_a_hugging_face_directory_and_its_splits(tmp_path):
     assert load_rows(DatasetSpec(path=tmp_path / "dict", split="test", **FIELDS)) == EXPECTED[:1]
     with pytest.raises(ValueError, match=r"has splits \['test', 'train'\]"):
         load_rows(DatasetSpec(path=tmp_path / "dict", split="validation", **FIELDS))
+    held_out = DatasetSpec(path=tmp_path / "dict", eval_split="test", **FIELDS)
+    assert training_rows(held_out) == EXPECTED and eval_rows(held_out) == EXPECTED[:1], "train trains, test evaluates"
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "one"))
     assert load_rows(DatasetSpec(path=tmp_path / "one", format="hf", **FIELDS)) == EXPECTED
+    with pytest.raises(ValueError, match="a single split; split 'test' names none of it"):
+        eval_rows(DatasetSpec(path=tmp_path / "one", format="hf", eval_split="test", **FIELDS))
     with pytest.raises(ValueError, match="not a Hugging Face dataset directory"):
         load_rows(DatasetSpec(path=tmp_path))
 

@@ -215,6 +215,26 @@ def test_kafka_users_carry_each_stages_acls_and_pods_log_in_as_them(config):
         build_config({"deploy": {"kafka_users": True}})
 
 
+def test_an_eval_section_adds_the_eval_stage_its_pool_and_topics():
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["pools"] = [*data["pools"], "eval"]
+    data["tags"]["frozenlake-heldout"] = {"env": "frozenlake", "weight": 0}
+    data["eval"] = {"tags": ["frozenlake-heldout"], "pool": "eval", "every_versions": 5}
+    data["kafka"].update(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
+    data["deploy"].update(kafka_users=True, secret="kafka-ca")
+    docs = render_job(prepare_config(build_config(data, "eval example")))
+    deployments = by_kind(docs, "Deployment")
+    stage = deployments["agentic-two-pool-eval"]
+    assert pod(stage)["containers"][0]["command"][:3] == ["rollart", "consume", "eval"]
+    assert stage["spec"]["strategy"] == {"type": "Recreate"}, "a single writer: never two members at once"
+    assert "agentic-two-pool-gen-eval" in deployments, "the eval pool is a generation pool of its own"
+    topics = {d["spec"]["topicName"] for d in by_kind(docs, "KafkaTopic").values()}
+    assert {"agentic-two-pool.eval.results", "agentic-two-pool.eval.summaries"} <= topics
+    acls = by_kind(docs, "KafkaUser")["agentic-two-pool-eval"]["spec"]["authorization"]["acls"]
+    writes = {a["resource"]["name"] for a in acls if "Write" in a["operations"]}
+    assert writes == {"agentic-two-pool.tasks", "agentic-two-pool.eval.summaries", "agentic-two-pool.eval.results.dlq"}
+
+
 def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_path):
     out = tmp_path / "rendered"
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "deploy", "render", str(EXAMPLE), "--out", str(out)],

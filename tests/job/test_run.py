@@ -1,6 +1,6 @@
 """`rollart run` end to end on the test stack: every stage a process, the trainer killed with
 SIGKILL mid-run (the runner restarts it with --resume), the job's Redis state deleted mid-run, a
-resumed run, alpha = 0, and the shipped demo learning.
+resumed run, and the shipped demo learning (alpha = 0 is run by tests/job/test_eval_run.py).
 
 Uses the session's tiny random model (no warm start): this test is about the loop and its
 guarantees, not about how much the policy learns.
@@ -18,14 +18,6 @@ import pytest
 
 from tests.conftest import REPO
 from tests.job.harness import finish, small_job, start, trained_steps, wait
-
-
-def test_alpha_zero_trains_only_on_the_current_policy(endpoints, tiny_model, tmp_path):
-    proc, out = start(small_job(endpoints, tiny_model, feeder={"alpha": 0}), tmp_path, 4)
-    report = finish(proc, out)
-    assert report["alpha"] == 0
-    assert [s["staleness_max"] for s in report["steps"]] == [0, 0, 0, 0]
-    assert [s["trained_version"] for s in report["steps"]] == [0, 1, 2, 3], "one version per step, in lock step"
 
 
 @pytest.mark.timeout(900)  # the run's own --timeout: a loaded 2-core machine takes well over 300 s
