@@ -209,6 +209,21 @@ def register(bench_app: typer.Typer) -> None:
                       "goodput ratio at the highest failure rate", job_yaml=config, steps=steps,
                       rates=tuple(float(r) for r in rates.split(",") if r.strip()))
 
+    @bench_app.command("eval-cost")
+    def eval_cost_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job, without eval: (an "
+                                                           "eval pool and held-out copies of its tags are added).")]
+                      = Path("configs/demo.yaml"), out: OutOption = None, steps: int = 20, warmup: int = 2,
+                      every: Annotated[int, typer.Option(min=1, help="eval.every_versions of the eval run.")] = 5,
+                      tasks: Annotated[int, typer.Option(min=1, help="Eval tasks per tag.")] = 16) -> None:
+        """Training throughput with held-out evaluation running beside it, against the same job without."""
+        from rollart.bench.eval_cost import bench_eval_cost
+
+        run_benchmark(config, out, bench_eval_cost,
+                      ["mode", "trajectories_per_s", "step_s", "wait_s_mean", "train_s_mean", "eval_versions",
+                       "eval_s_mean", "eval_success_last", "throughput_vs_no_eval"],
+                      "training throughput with eval over without", job_yaml=config, steps=steps, warmup=warmup,
+                      every=every, tasks=tasks)
+
     @bench_app.command("async")
     def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,
                   modes: Annotated[str, typer.Option(help="Comma-separated subset of sync,one-off,alpha=1,alpha=2.")]
