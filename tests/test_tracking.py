@@ -110,3 +110,29 @@ def test_a_configured_tracker_that_is_not_installed_names_the_field(monkeypatch,
     monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
     with pytest.raises(ConfigError, match="tracking.wandb: wandb is not installed"):
         Trackers.from_config(tracking_config(tmp_path, wandb=True))
+
+
+def test_eval_results_go_to_a_run_of_their_own_in_every_tracker(tmp_path):
+    import mlflow
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rollart.evaluation.ledger import tracker_scalars
+    from rollart.messages import EvalSummary, EvalTagResult
+
+    config = tracking_config(tmp_path)
+    trackers = Trackers.from_config(config, role="eval")
+    for step, success in ((0, 0.25), (10, 0.75)):
+        summary = EvalSummary(job="track-1", version=step, step=step, tags={"held": EvalTagResult(
+            tasks=4, scored=4, success_rate=success, reward_mean=success)})
+        trackers.log_scalars(step, tracker_scalars(summary))
+    trackers.close()
+    events = EventAccumulator(str(tmp_path / "tb" / "track-1-eval"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/held/success_rate")] == [(0, 0.25), (10, 0.75)]
+    log = next((tmp_path / "wandb" / "wandb").glob("offline-run-*-track-1-eval/run-track-1-eval.wandb")).read_bytes()
+    assert b"eval/held/success_rate" in log and b"track-1" in log, "the eval run, in the job's W&B group"
+    client = mlflow.MlflowClient(tracking_uri=config.tracking.mlflow.tracking_uri)
+    run = client.search_runs([client.get_experiment_by_name("rollart-test").experiment_id])[0]
+    assert run.info.run_name == "track-1-eval"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval.held.success_rate")] == \
+        [(0, 0.25), (10, 0.75)]

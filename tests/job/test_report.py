@@ -24,6 +24,10 @@ def test_the_report_is_rebuilt_from_the_record(tmp_path):
         store.append_record(row(step, reward))
     (out / "run.json").write_text(json.dumps({"job": "demo-x", "config": "demo.yaml", "steps": 10, "alpha": 1,
                                               "started_at": 1000.0}))
+    evaluation = {"version": 2, "step": 2, "complete": True, "off_version_tokens": 0, "seconds": 4.0,
+                  "tags": {"held": {"tasks": 4, "scored": 4, "failed": 0, "success_rate": 0.5, "reward_mean": 0.5,
+                                    "turns_mean": 2.0}}, "trajectories": [{"traj_id": "x"}]}
+    (out / "eval.jsonl").write_text(json.dumps(evaluation) + "\n")
     result = CliRunner().invoke(app, ["report", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -31,6 +35,7 @@ def test_the_report_is_rebuilt_from_the_record(tmp_path):
     assert (report["job"], report["alpha"], report["trained_trajectories"]) == ("demo-x", 1, 6)
     assert report["elapsed_s"] == 30.0 and (out / "report.png").stat().st_size > 0
     assert "3 steps of job demo-x" in result.output
+    assert report["eval"] == [{k: v for k, v in evaluation.items() if k != "trajectories"}], "the eval record's"
 
 
 def test_a_folder_without_a_run_is_refused(tmp_path):
