@@ -394,7 +394,7 @@ class EvalConfig(Section):
     initial: bool = True  # also evaluate version 0, the policy before training
     tasks_per_tag: int = Field(default=8, ge=1)  # env tags: seeds 2^31.. (training draws below); datasets: held-out rows
     group_size: int = Field(default=1, ge=1)  # rollouts per eval task (success is their mean)
-    sampling: SamplingConfig = SamplingConfig(temperature=0.0)  # greedy by default
+    sampling: SamplingConfig | None = None  # None: env.sampling at temperature 0 (greedy, the same turn length)
     seed: int = 0  # picks the eval seeds; the same for every version, so versions compare
     timeout_s: float = Field(default=600.0, gt=0)  # an eval not over by then is summarised as incomplete
     record: Path | None = None  # also append each summary to this JSON-lines file (`rollart run` sets it)
@@ -535,6 +535,12 @@ class RollartConfig(BaseSettings):
             if spec.reward.type == "judge" and spec.reward.pool == pool:
                 raise ValueError(f"eval.pool {pool!r} is tags.{tag}.reward.pool (a judge follows the latest version)")
         return self
+
+    def eval_sampling(self) -> SamplingConfig:
+        """How eval turns are sampled: ``eval.sampling``, else the training turns' settings, greedy."""
+        if self.eval is not None and self.eval.sampling is not None:
+            return self.eval.sampling
+        return self.env.sampling.model_copy(update={"temperature": 0.0})
 
     def pool_deployment(self, pool: str) -> StageDeployment:
         return self.deploy.pools.get(pool) or _gpu_stage(autoscaling=Autoscaling(max_replicas=8))

@@ -2,7 +2,7 @@
 
 Two runs of the same job (``rollart run``, every stage a process): without ``eval:``, and with an eval
 stage evaluating every ``every``-th version on a pool of its own (held-out copies of the job's tags,
-weight 0, ``tasks`` eval tasks each, greedy). Training throughput is measured from the trainer's record
+weight 0, ``tasks`` eval tasks each, sampled at temperature 1 like the training turns). Training throughput is measured from the trainer's record
 between the end of the warm-up steps and the last step, as ``rollart bench async`` does; the eval run
 also reports how long each version's evaluation took. On one machine the eval pool's engine shares the
 cores with everything else, so the ratio is an upper bound of the cost on a cluster, where the eval
@@ -29,7 +29,10 @@ def with_eval(base: dict[str, Any], every: int, tasks: int) -> dict[str, Any]:
     for tag, spec in data.get("tags", {}).items():
         held_out[f"{tag}-heldout"] = {**spec, "weight": 0, "pool": None}
     data["tags"] = {**data["tags"], **held_out}
-    data["eval"] = {"tags": sorted(held_out), "pool": "eval", "every_versions": every, "tasks_per_tag": tasks}
+    # Sampled as training samples (greedy on the demo's fixed map would be one trajectory 16 times over).
+    sampling = {**data.get("env", {}).get("sampling", {}), "temperature": 1.0}
+    data["eval"] = {"tags": sorted(held_out), "pool": "eval", "every_versions": every, "tasks_per_tag": tasks,
+                    "sampling": sampling}
     return data
 
 

@@ -101,7 +101,7 @@ GenerateTurn = Callable[[TaskSpec, str, int, TrajectoryBuilder], Awaitable[Gener
 def turn_sampling(config: RollartConfig, chat: ChatFormat, *, evaluation: bool = False) -> SamplingParams:
     """The sampling parameters of every LLM turn (``env.sampling``, or ``eval.sampling`` for an eval
     task; the chat's end of turn stops)."""
-    sampling = config.eval.sampling if evaluation else config.env.sampling
+    sampling = config.eval_sampling() if evaluation else config.env.sampling
     return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                           max_tokens=sampling.max_tokens, stop_token_ids=chat.stop_token_ids)
 

@@ -64,6 +64,9 @@ def test_due_versions_and_the_schedule(tmp_path):
     assert latest_due(job(tmp_path, every_versions=3, initial=False), 2) is None
     stage = EvalStage(SimpleNamespace(config=config))
     assert stage.next_version() == 0, "the initial policy needs no announced weights"
+    sampling = config.eval_sampling()
+    assert (sampling.temperature, sampling.max_tokens) == (0.0, config.env.sampling.max_tokens), \
+        "greedy, with the training turns' length"
     stage.done.add(0)
     stage.latest = 7
     assert stage.next_version() is None, "version 6 is due, but its weights are not announced yet"
