@@ -49,6 +49,7 @@ async def _run(data: dict[str, Any], name: str, work_dir: Path, steps: int, warm
     row["eval_versions"] = len(evals)
     row["eval_s_mean"] = mean(e["seconds"] for e in evals) if evals else None
     row["eval_success_last"] = mean(t["success_rate"] for t in evals[-1]["tags"].values()) if evals else None
+    row["eval_success_by_version"] = {e["version"]: mean(t["success_rate"] for t in e["tags"].values()) for e in evals}
     row["reward_last_steps"] = report["reward_last_steps"]
     return row
 
