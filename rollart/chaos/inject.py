@@ -19,9 +19,10 @@ from aiokafka import AIOKafkaProducer
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages.codec import H_ID, H_SCHEMA
+from rollart.stages.registry import STAGES, stage_of_process
 from rollart.topics import expand_catalog
 
-KILLABLE = ("generation", "env", "reward", "trainer", "feeder")
+KILLABLE = tuple(s.name for s in STAGES.values() if s.requires is None)  # the stages every training job runs
 BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log
 BROKER_DOWN_S = 3.0  # how long the broker stays dead: clients see refused connections, not a blip
 
@@ -45,8 +46,7 @@ def stage_pids(out: Path) -> dict[str, int]:
 
 def stage_of(name: str) -> str:
     """``gen-default-0`` → generation, ``env-0`` → env, ``reward-0`` → reward."""
-    head = name.split("-", 1)[0]
-    return {"gen": "generation"}.get(head, head)
+    return stage_of_process(name)
 
 
 def kill_stage(out: Path, stage: str) -> str | None:

@@ -16,6 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart.config import ConfigError, RollartConfig, load_config
+from rollart.stages.registry import STAGES as _STAGES
+
+STAGE_NAMES = tuple(_STAGES)
 from rollart.endpoints import NoEndpointError
 
 app = typer.Typer(help="rollart: disaggregated multi-task agentic RL on Kafka consumer groups.",
@@ -304,23 +307,25 @@ def _bus_table(results: dict[str, dict]) -> Table:
 
 
 @app.command("consume")
-def consume_cmd(stage: Annotated[str, typer.Argument(help="feeder | env | generation | reward | trainer | eval")],
+def consume_cmd(stage: Annotated[str, typer.Argument(help=" | ".join(STAGE_NAMES))],
                 config: ConfigOption = None,
                 pool: Annotated[Optional[str], typer.Option(help="Generation pool (generation only).")] = None,
                 resume: Annotated[bool, typer.Option(help="Trainer: continue from the latest checkpoint.")] = False,
                 ) -> None:
     """Run one member of a stage until SIGTERM."""
-    from rollart.stages import STAGE_GROUPS as STAGES
+    from rollart.stages import STAGES
 
     cfg = _config(config)
-    if stage not in STAGES:
+    spec = STAGES.get(stage)
+    if spec is None:
         err_console.print(f"[red]unknown stage {stage!r}; choose one of {', '.join(STAGES)}[/red]")
         raise typer.Exit(2)
-    if (stage == "generation") != (pool is not None):
-        err_console.print("[red]--pool is required for generation and only for generation[/red]")
+    if spec.per_pool != (pool is not None):
+        err_console.print(f"[red]--pool is required for {stage} and only for a stage per pool[/red]" if spec.per_pool
+                          else f"[red]--pool is for a stage per pool (generation), not {stage}[/red]")
         raise typer.Exit(2)
-    if resume and stage != "trainer":
-        err_console.print("[red]--resume is for the trainer only[/red]")
+    if resume and "resume" not in spec.options:
+        err_console.print(f"[red]--resume is for the trainer only, not {stage}[/red]")
         raise typer.Exit(2)
     logging.getLogger("rollart").setLevel(logging.INFO)
     from rollart.stages import entry

@@ -8,7 +8,7 @@ import yaml
 
 from rollart.deploy.render import (APP_USER, CHECKPOINT_DIR, CONFIG_DIR, MOONCAKE_HTTP_PORT, MOONCAKE_METRICS_PORT,
                                    MOONCAKE_RPC_PORT, MOONCAKE_STORE_PORT, REDIS_PORT, WORK_DIR, Component, k8s_name)
-from rollart.stages import SINGLE_WRITERS
+from rollart.stages.registry import STAGES
 from rollart.topics.access import StageAccess, stage_principal
 from rollart.topics.catalog import PhysicalTopic
 
@@ -162,7 +162,7 @@ def deployment(r: "Renderer", name: str, component: str, pod: dict, *, replicas:
 
 def stage_deployment(r: "Renderer", component: Component) -> dict:
     spec = component.spec
-    if component.stage in SINGLE_WRITERS:
+    if STAGES[component.stage].single_writer:
         strategy = {"type": "Recreate"}  # one writer: never two at once
     elif spec.gpus:
         strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}  # no spare GPUs

@@ -23,7 +23,7 @@ from typing import Any
 
 from rollart.config import ConfigError, RollartConfig, StageDeployment
 from rollart.topics import expand_catalog, load_catalog
-from rollart.stages import SINGLE_WRITERS
+from rollart.stages.registry import STAGES
 from rollart.topics.access import job_access
 from rollart.topics.catalog import TopicSpec
 
@@ -46,7 +46,7 @@ class Component:
     """One Deployment of the job: a stage member (or a service the stages need)."""
 
     name: str  # Deployment name
-    stage: str  # feeder | env | generation | reward | trainer
+    stage: str  # a stage of rollart.stages.registry
     spec: StageDeployment
     args: tuple[str, ...]
     scale_groups: tuple[str, ...] = ()  # consumer groups whose lag scales it
@@ -115,17 +115,16 @@ class Renderer:
     # -- components ----------------------------------------------------------------------------
 
     def components(self) -> list[Component]:
-        d = self.deploy
-        out = [Component(self.name("feeder"), "feeder", d.feeder, ("feeder",)),
-               Component(self.name("env"), "env", d.env, ("env",), scale_groups=("env",))]
-        for pool in self.config.pools:
-            out.append(Component(self.name("gen", pool), "generation", self.config.pool_deployment(pool),
-                                 ("generation", "--pool", pool), scale_groups=(f"gen-{pool}",), pool=pool))
-        out.append(Component(self.name("reward"), "reward", d.reward, ("reward",),
-                             scale_groups=("reward", "reward-judge")))
-        out.append(Component(self.name("trainer"), "trainer", d.trainer, ("trainer", "--resume")))
-        if self.config.eval is not None:
-            out.append(Component(self.name("eval"), "eval", d.eval, ("eval",)))
+        """One Deployment per stage the job has (per pool for generation), from the stage registry."""
+        out = []
+        for stage in (s for s in STAGES.values() if s.needed(self.config)):
+            for pool in (self.config.pools if stage.per_pool else [None]):
+                # Kubernetes settings: deploy.<stage> (deploy.pools.<pool>); a stage without a section, defaults
+                spec = self.config.pool_deployment(pool) if pool else getattr(self.deploy, stage.name, StageDeployment())
+                resume = ("--resume",) if "resume" in stage.options else ()  # a restarted pod resumes
+                out.append(Component(self.name(stage.label(), *([pool] if pool else [])), stage.name, spec,
+                                     (*stage.command(pool), *resume), scale_groups=stage.scaling_groups(pool),
+                                     pool=pool))
         return out
 
     def scaler_triggers(self, component: Component) -> list[tuple[str, str, TopicSpec]]:
@@ -156,7 +155,7 @@ class Renderer:
         for component in self.components():
             docs.append(objects.stage_deployment(self, component))
             if component.spec.autoscaling is not None:
-                if component.stage in SINGLE_WRITERS:
+                if STAGES[component.stage].single_writer:
                     raise ConfigError(f"deploy.{component.stage}.autoscaling: the {component.stage} is a single "
                                       "writer and cannot autoscale")
                 docs.append(objects.scaled_object(self, component))

@@ -40,11 +40,10 @@ def stage_groups(renderer: Renderer, stage: str, pool: str | None) -> tuple[str,
     """Every consumer group a stage's members join (the env stage has two)."""
     from rollart.lag import group_topics
 
-    groups = {g for g, *_ in group_topics(renderer.config)}
-    from rollart.stages import STAGE_GROUPS
+    from rollart.stages.registry import stage_named
 
-    wanted = [g.format(pool=pool) for g in STAGE_GROUPS[stage]]
-    return tuple(g for g in wanted if g in groups)
+    groups = {g for g, *_ in group_topics(renderer.config)}
+    return tuple(g for g in stage_named(stage).group_ids(pool) if g in groups)
 
 
 def deploy_status(renderer: Renderer, api, lag_rows=None) -> list[StageStatus]:

@@ -34,6 +34,7 @@ from rollart.models.tiny import ensure_model
 from rollart.rollout.runner import job_endpoints, run_config
 from rollart.runtime import open_runtime
 from rollart.stages.feeder import sources_from
+from rollart.stages.registry import RUN_MONITOR, local_processes
 from rollart.stages.reward import check_rewards
 from rollart.stages.trainer import trainer_alpha
 from rollart.topics.admin import apply_topics
@@ -93,16 +94,9 @@ def _job_name(config: RollartConfig, opts: RunOptions) -> str:
 
 
 def start_stages(procs: StageProcesses, cfg: RollartConfig, opts: RunOptions) -> None:
-    for pool in cfg.pools:
-        for i in range(opts.gen_members):
-            procs.start(f"gen-{pool}-{i}", "generation", "--pool", pool)
-    for i in range(opts.env_members):
-        procs.start(f"env-{i}", "env")
-    procs.start("reward-0", "reward")
-    procs.start("trainer", "trainer", *(["--resume"] if opts.resume else []))
-    if cfg.eval is not None:
-        procs.start("eval", "eval")
-    procs.start("feeder", "feeder")
+    members = {"generation": opts.gen_members, "env": opts.env_members}
+    for name, argv in local_processes(cfg, training=True, members=members, resume=opts.resume):
+        procs.start(name, *argv)
 
 
 def supervise(procs: StageProcesses, restarts: Counter, opts: RunOptions) -> None:
@@ -196,8 +190,8 @@ def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore
 
 async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, checkpoints: CheckpointStore,
                   restarts: Counter, opts: RunOptions) -> None:
-    async with open_runtime(cfg, client_id="run-monitor", serve=False) as rt:
-        loop = rt.consumer_loop("run-monitor", ["trajectories.completed"], monitor.handle, ordering="none",
+    async with open_runtime(cfg, client_id=RUN_MONITOR, serve=False) as rt:
+        loop = rt.consumer_loop(RUN_MONITOR, ["trajectories.completed"], monitor.handle, ordering="none",
                                 dedup=False)
         runner = asyncio.create_task(loop.run())
         deadline = time.monotonic() + opts.timeout_s

@@ -143,6 +143,7 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
                   timeout_s: float = 900.0, env_members: int = 1, gen_members: int = 1, secure: bool = False) -> dict:
     """``secure``: on the run's own SASL_SSL Kafka, each stage logged in as its own ACL'd user."""
     from rollart.stages.feeder import sources_from
+    from rollart.stages.registry import local_processes
     from rollart.stages.reward import check_rewards
 
     check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag
@@ -161,13 +162,9 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
                                stage_env=await stage_logins(cfg, endpoints))
         started = time.monotonic()
         try:
-            for pool in cfg.pools:
-                for i in range(gen_members):
-                    procs.start(f"gen-{pool}-{i}", "generation", "--pool", pool)
-            for i in range(env_members):
-                procs.start(f"env-{i}", "env")
-            procs.start("reward-0", "reward")
-            procs.start("feeder", "feeder")
+            members = {"generation": gen_members, "env": env_members}
+            for name, argv in local_processes(cfg, training=False, members=members):
+                procs.start(name, *argv)
             collector = await collect(cfg, trajectories, procs, timeout_s)
         finally:
             exit_codes = procs.stop_all()

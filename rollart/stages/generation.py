@@ -109,7 +109,7 @@ def generation_loop(rt: Runtime, stage: GenerationStage):
                             fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
 
 
-async def run_generation(config: RollartConfig, pool: str, stop: StopRequest, *, engine=None) -> None:
+async def run_generation(config: RollartConfig, stop: StopRequest, *, pool: str, engine=None) -> None:
     """Run one generation consumer of ``pool`` until ``stop`` (SIGTERM); a stop during the engine's
     start-up skips its warm-up and joins no group."""
     if pool not in config.pools:

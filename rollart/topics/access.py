@@ -31,19 +31,19 @@ class StageAccess:
 
 def stage_principal(job: str, stage: str, pool: str | None = None) -> str:
     from rollart.deploy.render import k8s_name
+    from rollart.stages.registry import stage_named
 
-    return k8s_name(job, "gen", pool) if pool else k8s_name(job, stage)
+    return k8s_name(job, stage_named(stage).label(), *([pool] if pool else []))
 
 
 def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> StageAccess:
     """The topics and groups one stage's principal is allowed (``pool`` for generation only)."""
-    from rollart.stages import STAGE_GROUPS
+    from rollart.stages.registry import stage_named
 
-    if stage not in STAGE_GROUPS:
-        raise ValueError(f"unknown stage {stage!r}; choose one of {', '.join(STAGE_GROUPS)}")
-    if (stage == "generation") != (pool is not None):
+    spec_of_stage = stage_named(stage)
+    if spec_of_stage.per_pool != (pool is not None):
         raise ValueError("a pool names a generation stage, and only that")
-    own_groups = {g.format(pool=pool) for g in STAGE_GROUPS[stage]}
+    own_groups = set(spec_of_stage.group_ids(pool))
     names = own_groups | {stage}
     read: set[str] = set()
     write: set[str] = set()
@@ -68,7 +68,7 @@ def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> 
 
 def job_access(config: RollartConfig) -> list[StageAccess]:
     """Every stage's access, one generation entry per pool."""
-    from rollart.stages import STAGE_GROUPS, stage_needed
+    from rollart.stages.registry import STAGES
 
-    return [stage_access(config, stage, pool) for stage in STAGE_GROUPS if stage_needed(stage, config)
-            for pool in (config.pools if stage == "generation" else [None])]
+    return [stage_access(config, stage.name, pool) for stage in STAGES.values() if stage.needed(config)
+            for pool in (config.pools if stage.per_pool else [None])]

@@ -1,0 +1,115 @@
+"""Every stage of the loop, declared once.
+
+A :class:`Stage` says what the rest of rollart needs to know about a stage: the consumer groups its
+members join (the topic catalog's ``consumers:`` name them, and :mod:`rollart.topics.access` derives a
+stage's ACLs from both), the coroutine that runs one member, whether there is one per generation pool,
+whether it is a single writer, which job needs it, and how `rollart run` and `rollart rollout` start it.
+`rollart consume`, the local runners, chaos, `rollart deploy render/status` and the ACLs all read
+:data:`STAGES`; a test holds the catalog to it. Adding a stage is an entry here, its module, and
+``consumers/<name>.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Run = Literal["always", "training"]  # which local runs start it: rollout and training, or training only
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    groups: tuple[str, ...]  # consumer groups of its members ("{pool}": the member's generation pool)
+    runner: str  # "module:function": async def (config, stop, **options) running one member until stop
+    summary: str  # what it does, in a few words (`rollart consume --help`)
+    per_pool: bool = False  # one stage per generation pool: a member serves one pool (`--pool`)
+    single_writer: bool = False  # one member at a time: a Recreate rollout, never autoscaled
+    requires: str | None = None  # a job config section without which the job has no such stage
+    runs: Run = "always"
+    scale_groups: tuple[str, ...] | None = None  # groups whose lag scales it (None: all of its groups)
+    options: tuple[str, ...] = ()  # keyword options of its runner that `rollart consume` passes on
+    short: str | None = None  # its name in process and Kubernetes object names (generation: gen)
+
+    def needed(self, config) -> bool:
+        return self.requires is None or getattr(config, self.requires) is not None
+
+    def group_ids(self, pool: str | None = None) -> tuple[str, ...]:
+        return tuple(g.format(pool=pool) for g in self.groups)
+
+    def scaling_groups(self, pool: str | None = None) -> tuple[str, ...]:
+        groups = self.groups if self.scale_groups is None else self.scale_groups
+        return tuple(g.format(pool=pool) for g in groups)
+
+    def label(self) -> str:
+        return self.short or self.name
+
+    def command(self, pool: str | None = None) -> tuple[str, ...]:
+        """The arguments of `rollart consume` for one member (of ``pool``)."""
+        return (self.name, *(("--pool", pool) if self.per_pool else ()))
+
+    def load(self):
+        module, _, function = self.runner.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+STAGES: dict[str, Stage] = {stage.name: stage for stage in (
+    # Declaration order is start order: consumers first, the feeder (which releases work) last.
+    Stage("generation", ("gen-{pool}",), "rollart.stages.generation:run_generation",
+          "an LLM engine serving one pool's requests", per_pool=True, options=("pool",), short="gen"),
+    Stage("env", ("env", "env-actions"), "rollart.stages.env:run_env", "runs trajectories (groups of tasks)",
+          scale_groups=("env",)),
+    Stage("reward", ("reward", "reward-judge"), "rollart.stages.reward:run_reward", "scores completed trajectories"),
+    Stage("trainer", ("trainer",), "rollart.stages.trainer:run_trainer", "trains and publishes weights",
+          single_writer=True, runs="training", scale_groups=(), options=("resume",)),
+    Stage("eval", ("eval",), "rollart.stages.evaluation:run_eval", "held-out evaluation pinned to versions",
+          single_writer=True, requires="eval", runs="training", scale_groups=()),
+    Stage("feeder", (), "rollart.stages.feeder:run_feeder", "releases task groups under the staleness bound",
+          single_writer=True, scale_groups=()),
+)}
+
+
+# Consumer groups of the local runners (`rollart run` watches trajectories.completed), not of a stage.
+RUN_MONITOR = "run-monitor"
+OBSERVER_GROUPS = (RUN_MONITOR,)
+
+
+def stage_named(name: str) -> Stage:
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; choose one of {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def stage_of_process(process: str) -> str:
+    """The stage of a local process name (``gen-default-0`` → generation, ``env-0`` → env)."""
+    head = process.split("-", 1)[0]
+    return next((s.name for s in STAGES.values() if s.label() == head), head)
+
+
+def local_processes(config, *, training: bool, members: dict[str, int] | None = None,
+                    resume: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+    """(process name, `rollart consume` arguments) of every member a local run starts, in start order:
+    ``members`` per stage (default 1; generation: per pool), the trainer with ``--resume`` if asked."""
+    members = members or {}
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for stage in STAGES.values():
+        if not stage.needed(config) or (stage.runs == "training" and not training):
+            continue
+        count = members.get(stage.name, 1)
+        for pool in (config.pools if stage.per_pool else [None]):
+            for i in range(count):
+                parts = [stage.label(), *([pool] if pool else [])]
+                name = f"{'-'.join(parts)}-{i}" if not stage.single_writer else stage.label()
+                resumed = ("--resume",) if resume and "resume" in stage.options else ()
+                out.append((name, (*stage.command(pool), *resumed)))
+    return out
+
+
+async def run_stage(name: str, config, stop, **options: Any) -> None:
+    """Run one member of stage ``name`` until ``stop``; ``options`` are those the stage declares."""
+    stage = stage_named(name)
+    unknown = set(options) - set(stage.options)
+    if unknown:
+        raise ValueError(f"stage {name} takes no {', '.join(sorted(unknown))}")
+    await stage.load()(config, stop, **options)

@@ -1,0 +1,61 @@
+"""The stage registry is the one declaration of the stages: the topic catalog, `rollart consume`, the
+local runners, chaos, deploy and the ACLs follow it, and a new stage is one entry."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from rollart.chaos.inject import KILLABLE, stage_of
+from rollart.cli import app
+from rollart.config import build_config
+from rollart.deploy import render_job
+from rollart.stages.registry import OBSERVER_GROUPS, STAGES, Stage, local_processes
+from rollart.topics import load_catalog
+from rollart.topics.access import job_access
+
+
+def test_the_catalog_and_the_registry_agree():
+    groups = {g for s in STAGES.values() for g in s.groups}
+    names = set(STAGES) | groups
+    consumed = set()
+    for spec in load_catalog().values():
+        assert set(spec.consumers) <= groups | set(OBSERVER_GROUPS), f"{spec.name}: consumers {spec.consumers} are not registered groups"
+        assert set(spec.producers) <= names, f"{spec.name}: producers {spec.producers} are not registered stages"
+        assert set(spec.readers) - {"*"} <= names, f"{spec.name}: readers {spec.readers} are not registered stages"
+        consumed |= set(spec.consumers) - set(OBSERVER_GROUPS)
+    assert consumed == groups, f"groups that consume no topic: {sorted(groups - consumed)}"
+
+
+def test_local_runs_start_what_the_job_needs_in_order():
+    plain = build_config({"pools": ["a", "b"]})
+    assert local_processes(plain, training=True, members={"env": 2}, resume=True) == [
+        ("gen-a-0", ("generation", "--pool", "a")), ("gen-b-0", ("generation", "--pool", "b")),
+        ("env-0", ("env",)), ("env-1", ("env",)), ("reward-0", ("reward",)), ("trainer", ("trainer", "--resume")),
+        ("feeder", ("feeder",))]
+    assert [n for n, _ in local_processes(plain, training=False)] == ["gen-a-0", "gen-b-0", "env-0", "reward-0",
+                                                                      "feeder"], "a rollout trains nothing"
+    evaluated = build_config({"pools": ["a", "e"], "tags": {"h": {"env": "frozenlake", "weight": 0}},
+                              "eval": {"tags": ["h"], "pool": "e"}})
+    assert ("eval", ("eval",)) in local_processes(evaluated, training=True)
+    assert [stage_of(n) for n, _ in local_processes(evaluated, training=True)] == [
+        "generation", "generation", "env", "reward", "trainer", "eval", "feeder"]
+    assert "eval" not in KILLABLE and "trainer" in KILLABLE
+
+
+def test_a_new_stage_is_one_registry_entry(monkeypatch, tmp_path):
+    from tests.stages import toy_stage
+
+    monkeypatch.setitem(STAGES, "toy", Stage("toy", ("toy",), "tests.stages.toy_stage:run_toy", "a toy stage"))
+    config = build_config({"job": "toyjob"})
+    assert ("toy-0", ("toy",)) in local_processes(config, training=True)
+    deployments = {d["metadata"]["name"]: d for d in render_job(config) if d["kind"] == "Deployment"}
+    assert deployments["toyjob-toy"]["spec"]["template"]["spec"]["containers"][0]["command"][:3] == \
+        ["rollart", "consume", "toy"]
+    toy = next(a for a in job_access(config) if a.stage == "toy")
+    assert toy.groups == ("toyjob.toy",) and toy.principal == "toyjob-toy"
+    (tmp_path / "job.yaml").write_text("job: toyjob\n")
+    result = CliRunner().invoke(app, ["consume", "toy", "--config", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 0, result.output
+    assert toy_stage.RAN == ["toyjob"], "`rollart consume toy` ran its runner"
+    refused = CliRunner().invoke(app, ["consume", "toy", "--pool", "a", "--config", str(tmp_path / "job.yaml")])
+    assert refused.exit_code == 2 and "not toy" in refused.output
