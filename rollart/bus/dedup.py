@@ -4,7 +4,7 @@ A message is a duplicate when a message with the same deterministic id was alrea
 the group: either redelivered (a member died after processing, before committing) or produced twice
 (an upstream stage died after producing, before committing, and produced it again at a new offset).
 
-Ids are remembered in Redis with a TTL (``rollart:<job>:dedup:<group>:<id>``) and in a per-process
+Ids are remembered in Redis with a TTL (:meth:`RedisKeys.dedup_prefix` + id) and in a per-process
 LRU. Marks are written to Redis as soon as a handler finishes (coalesced into one pipeline per
 event-loop tick), and the consumer loop waits for them before it commits the offsets they cover, so
 a member killed after processing but before committing leaves marks for every message it finished:
@@ -21,6 +21,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from rollart.state.keys import RedisKeys
+
 REDIS_ATTEMPTS = 4  # a Redis blip of about a second is absorbed; longer, and the consumer stops
 
 
@@ -28,7 +30,7 @@ class Deduplicator:
     def __init__(self, redis: Redis, *, prefix: str, job: str, group: str, ttl_s: int, local_capacity: int = 100_000):
         self.redis = redis
         self.ttl_s = ttl_s
-        self._key_prefix = f"{prefix}:{job}:dedup:{group}:"
+        self._key_prefix = RedisKeys(prefix, job).dedup_prefix(group)
         self._local: OrderedDict[str, None] = OrderedDict()
         self._capacity = local_capacity
         self._unflushed: list[str] = []

@@ -21,6 +21,7 @@ from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages.codec import H_ID, H_SCHEMA
 from rollart.stages.registry import STAGES, stage_of_process
 from rollart.topics import expand_catalog
+from rollart.state.keys import RedisKeys
 
 KILLABLE = tuple(s.name for s in STAGES.values() if s.requires is None)  # the stages every training job runs
 BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log
@@ -86,7 +87,7 @@ def flush_redis(redis_url: str, config: RollartConfig, job: str) -> int:
 
     client = redis_sync.Redis.from_url(redis_url)
     try:
-        return sum(client.delete(key) for key in client.scan_iter(match=f"{config.redis.key_prefix}:{job}:*"))
+        return sum(client.delete(key) for key in client.scan_iter(match=RedisKeys(config.redis.key_prefix, job).job_pattern))
     finally:
         client.close()
 

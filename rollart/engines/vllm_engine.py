@@ -76,9 +76,11 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
+        # Token ids in, token ids out: text is made only where stop strings need it (detokenizing every
+        # token of every request, and the sampled token of each logprob, is CPU the engine's step waits on).
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
                               stop=list(s.stop) or None, stop_token_ids=list(s.stop_token_ids) or None, seed=s.seed,
-                              logprobs=0, output_kind=RequestOutputKind.DELTA)
+                              logprobs=0, output_kind=RequestOutputKind.DELTA, detokenize=bool(s.stop))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         started = time.perf_counter()

@@ -30,6 +30,7 @@ from rollart.messages import VersionAnnouncement
 from rollart.weights.follower import LOAD_SECONDS, LOADED_VERSION, PULL_MARK_TTL_S, PULL_SECONDS, pull_and_load, \
     pulling_key
 from rollart.weights.transport import make_transport
+from rollart.state.keys import RedisKeys
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ PIN_SLOTS = ("eval:current", "eval:next")  # the eval stage's members in the tra
 
 def pinned_key(prefix: str, job: str) -> str:
     """A hash: version → the msgpack VersionAnnouncement the eval stage pinned."""
-    return f"{prefix}:{job}:eval:pinned"
+    return RedisKeys(prefix, job).eval_pinned
 
 
 async def pin(redis, prefix: str, job: str, slot: str, announcement: VersionAnnouncement) -> None:

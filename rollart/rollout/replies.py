@@ -51,7 +51,9 @@ class ReplyChannel:
         self.pending: dict[tuple[str, str, int, int], _Pending] = {}
 
     def consumer_loop(self, group: str, **kwargs):
-        return self.rt.consumer_loop(group, [self.reply_topic], self.handle_reply, ordering="none",
+        # No Redis de-duplication: a reply is matched to its pending request by key, so a copy finds
+        # none and is counted as an orphan; the check would cost two Redis round trips on every turn.
+        return self.rt.consumer_loop(group, [self.reply_topic], self.handle_reply, ordering="none", dedup=False,
                                      fetch_max_wait_ms=self.rt.config.generation.fetch_max_wait_ms,
                                      on_assign=self.on_assign, on_revoke=self.on_revoke, **kwargs)
 

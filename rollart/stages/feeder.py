@@ -29,6 +29,7 @@ from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.state.admission import starving_key
+from rollart.state.keys import RedisKeys
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Feeder:
         self.admission = AdmissionCounters(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
         self.pools = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
-        self.counter_key = f"{self.config.redis.key_prefix}:{self.config.job}:feeder:released"
+        self.counter_key = RedisKeys.of(self.config).feeder_released
         self._stop = asyncio.Event()
 
     def stop(self) -> None:

@@ -103,8 +103,13 @@ class GenerationStage:
 
 
 def generation_loop(rt: Runtime, stage: GenerationStage):
+    """No Redis de-duplication on this per-turn loop: a copy of a request is generated again and its
+    result is an orphan at the env (replies are matched by request), and marks land only once a request
+    finished, so after a crash they would spare at most the last commit interval's requests, at the price
+    of two Redis round trips on every turn."""
     config = rt.config
     return rt.consumer_loop(f"gen-{stage.pool}", [f"gen.requests.{stage.pool}"], stage.handle, ordering="none",
+                            dedup=False,
                             max_in_flight=config.generation.max_concurrency,
                             fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
 

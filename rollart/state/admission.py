@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from rollart.state.keys import RedisKeys
+
 _TRY_ADMIT = """
 local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')
 local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
@@ -84,14 +86,14 @@ class AdmissionSnapshot:
 
 def starving_key(prefix: str, job: str) -> str:
     """Set by the trainer while it waits for a batch: the Unix time it started waiting (short TTL)."""
-    return f"{prefix}:{job}:trainer:starving-since"
+    return RedisKeys(prefix, job).trainer_starving
 
 
 class AdmissionCounters:
     def __init__(self, redis: Redis, *, prefix: str, job: str):
         self.redis = redis
-        self.key = f"{prefix}:{job}:admission"
-        self.accepted_groups_key = f"{prefix}:{job}:admission:accepted-groups"
+        keys = RedisKeys(prefix, job)
+        self.key, self.accepted_groups_key = keys.admission, keys.admission_accepted_groups
         self._try_admit = redis.register_script(_TRY_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._give_back = redis.register_script(_GIVE_BACK)

@@ -15,11 +15,13 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from rollart.state.keys import RedisKeys
+
 
 class PoolRegistry:
     def __init__(self, redis: Redis, *, prefix: str, job: str):
         self.redis = redis
-        self._prefix = f"{prefix}:{job}:pool:"
+        self._prefix = RedisKeys(prefix, job).pool_prefix
 
     def _pool_key(self, pool: str) -> str:
         return self._prefix + pool

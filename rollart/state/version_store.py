@@ -20,6 +20,7 @@ from rollart.bus.reader import read_to_end
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement, WeightManifest
+from rollart.state.keys import RedisKeys
 
 VERSIONS_TOPIC = "policy.versions"
 
@@ -54,7 +55,7 @@ class VersionStore:
         self.config = config
         self.endpoints = endpoints
         self.redis = redis
-        self.key = f"{config.redis.key_prefix}:{config.job}:policy_version"
+        self.key = RedisKeys.of(config).policy_version
         self._set_max = redis.register_script(_SET_MAX)
 
     async def current(self) -> int:
@@ -93,7 +94,7 @@ class VersionWriter(VersionStore):
                  *, lease_s: float = 30.0, token: str | None = None):
         super().__init__(config, endpoints, redis)
         self.producer = producer
-        self.lease_key = f"{config.redis.key_prefix}:{config.job}:policy_version_writer"
+        self.lease_key = RedisKeys.of(config).policy_version_writer
         self.lease_ms = int(lease_s * 1000)
         # A resumed trainer passes the token it held before (kept beside its checkpoints), so the
         # lease of its own crashed predecessor does not lock it out.

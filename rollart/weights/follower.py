@@ -28,6 +28,7 @@ from rollart.endpoints import kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement
 from rollart.weights.publish import pull_version
 from rollart.weights.transport import make_transport
+from rollart.state.keys import LOADS_KEPT, RedisKeys
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,20 @@ LOADED_VERSION = Gauge("rollart_generation_policy_version", "Policy version the 
 
 
 def loads_key(prefix: str, job: str) -> str:
-    return f"{prefix}:{job}:weights:loads"
+    return RedisKeys(prefix, job).weights_loads
 
 
 def pulling_key(prefix: str, job: str) -> str:
     """A hash: generation member -> ``{"version": v, "until": unix seconds}`` while it pulls ``v``."""
-    return f"{prefix}:{job}:weights:pulling"
+    return RedisKeys(prefix, job).weights_pulling
+
+
+async def record_load(redis, key: str, load: dict, kept: int = LOADS_KEPT) -> None:
+    """Append one load to the job's list (``rollart run``'s report reads it), keeping the newest ``kept``."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.rpush(key, json.dumps(load))
+        pipe.ltrim(key, -kept, -1)
+        await pipe.execute()
 
 
 PULL_MARK_TTL_S = 120.0  # a member that died mid-pull stops protecting its version after this
@@ -191,10 +200,10 @@ class WeightFollower:
         PULL_SECONDS.labels(*self.labels).observe(pull_s)
         LOAD_SECONDS.labels(*self.labels).observe(load_s)
         LOADED_VERSION.labels(*self.labels).set(version)
-        await self.rt.redis.rpush(loads_key(prefix, job), json.dumps({
+        await record_load(self.rt.redis, loads_key(prefix, job), {
             "member": self.member, "pool": self.pool, "version": version, "pull_s": round(pull_s, 6),
             "load_s": round(load_s, 6), "bytes": announcement.manifest.total_bytes,
-            "lag_s": round(time.time() - announcement.published_at, 6)}))
+            "lag_s": round(time.time() - announcement.published_at, 6)})
         async with self._changed:
             self._changed.notify_all()
         log.info("%s: loaded version %d (pull %.3fs, pause %.3fs)", self.member, version, pull_s, load_s)

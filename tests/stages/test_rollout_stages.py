@@ -182,3 +182,43 @@ async def test_a_task_for_an_unknown_env_is_dead_lettered_and_rollout_goes_on(ha
     records = await eventually(dead, what="the bad task in tasks.dlq")
     assert b"cannot import env" in dict(records[0].headers)[H_DLQ_ERROR]
     assert not harness.ended("bad"), "no trajectory of the bad task was emitted"
+
+
+@pytest.mark.rollout(tags={"frozenlake": GRID})
+async def test_every_turn_delivered_twice_changes_no_trajectory(harness, chat):
+    """The per-turn loops (gen.requests, env.actions) keep no Redis de-duplication: replies are matched
+    to their pending request, so a copy of a request or of a result (a redelivery after a crash, or an
+    upstream member that produced twice) costs a generation at most and is counted as an orphan."""
+    from prometheus_client import REGISTRY
+
+    from rollart.messages import GenerationRequest, GenerationResult
+
+    producer, send = harness.rt.producer, harness.rt.producer.send
+    copied = {"requests": 0, "results": 0}
+
+    async def send_twice(topic, message, **kwargs):
+        ack = await send(topic, message, **kwargs)
+        kind = "requests" if isinstance(message, GenerationRequest) else \
+            "results" if isinstance(message, GenerationResult) else None
+        if kind is not None:
+            copied[kind] += 1
+            await send(topic, message, **kwargs)
+        return ack
+
+    def orphans() -> float:
+        return REGISTRY.get_sample_value("rollart_bus_orphan_replies_total",
+                                         {"job": harness.config.job, "topic": "env.actions"}) or 0.0
+
+    before = orphans()
+    producer.send = send_twice
+    try:
+        await harness.submit("twice", "frozenlake", group_size=3, seed=7)
+        await harness.wait_groups({"twice": 3})
+    finally:
+        producer.send = send
+    trajectories = [harness.completed[t] for t in harness.ended("twice")["completed"]]
+    assert len(trajectories) == 3 and copied["requests"] > 0 and copied["results"] > 0
+    for t in trajectories:
+        assert chat.decode(t.token_ids).count("<|im_start|>assistant") == t.turns, "each turn taken once"
+    # every request's copy was generated too, and every result sent twice: all but one reply per turn orphaned
+    await eventually(lambda: orphans() - before >= sum(t.turns for t in trajectories), what="the copies orphaned")
