@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollart.config import ConfigError, KafkaConfig, RedisConfig, RollartConfig
-from rollart.local.stack import StackState, state_path
+from rollart.local.state import StackState, state_path
 
 
 class NoEndpointError(RuntimeError):

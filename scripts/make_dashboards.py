@@ -16,7 +16,7 @@ def panel(i, title, exprs, unit="short"):
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "gridPos": {"h": 8, "w": 12, "x": 12 * ((i - 1) % 2), "y": 8 * ((i - 1) // 2)},
             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": chr(65 + n), "expr": e, "legendFormat": l} for n, (e, l) in enumerate(exprs)]}
+            "targets": [{"refId": chr(65 + n), "expr": e, "legendFormat": legend} for n, (e, legend) in enumerate(exprs)]}
 
 
 def quantiles(metric, by):

@@ -113,7 +113,7 @@ async def _run_mode(base: RollartConfig, endpoints, chat, service: RewardService
                     message = replace(sample_trajectory(traj_id=traj_id), tag="work", group_id=f"b{b}")
                     await rt.producer.send("trajectories.completed", message, key=traj_id)
                     sent[traj_id] = time.monotonic()
-                await eventually(lambda: all(t in scored_at for t in ids), timeout=120, what=f"burst {b} scored")
+                await eventually(lambda ids=ids: all(t in scored_at for t in ids), timeout=120, what=f"burst {b} scored")
                 makespans.append(max(scored_at[t] for t in ids) - burst_start)
                 latencies.extend(scored_at[t] - sent[t] for t in ids)
                 await asyncio.sleep(max(0.0, burst_start + gap_s - time.monotonic()))

@@ -89,11 +89,12 @@ class MessageContext:
     async def produce(self, topic: str, message: Any, *, key: str | bytes | None = None,
                       partition: int | None = None, policy_version: int | None = None) -> None:
         """Produce an output; the loop waits for its ack before the input counts as done."""
-        options = {"key": key, "partition": partition, "policy_version": policy_version}
         if self.deferred is not None:
-            self.deferred.append((topic, message, options))
+            self.deferred.append((topic, message, {"key": key, "partition": partition,
+                                                   "policy_version": policy_version}))
             return
-        self.acks.append(await self.producer.send(topic, message, **options))
+        self.acks.append(await self.producer.send(topic, message, key=key, partition=partition,
+                                                  policy_version=policy_version))
         self.written.append(self.producer.names.physical(topic))
 
 
@@ -289,7 +290,8 @@ class ConsumerLoop:
         self._tasks[(tp, record.offset)] = task
         if key is not None:
             self._tails[key] = task
-        task.add_done_callback(lambda t, k=key, ident=(tp, record.offset): self._finished(t, k, ident))
+        ident = (tp, record.offset)
+        task.add_done_callback(lambda t: self._finished(t, key, ident))
         IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
 
     def _finished(self, task: asyncio.Task, key: Any, ident: tuple[TopicPartition, int]) -> None:
@@ -338,6 +340,7 @@ class ConsumerLoop:
             return []
         message_id = envelope.message_id
         me = asyncio.current_task()
+        assert me is not None  # always inside its own task (_process)
         twin = self._active_ids.get(message_id)
         self._active_ids[message_id] = me  # a later copy of this message waits for this task
         try:
@@ -420,6 +423,7 @@ class ConsumerLoop:
         """Every done input's offset with the outputs sent for it, all or nothing (every partition:
         outputs of the others are in the same transaction). A failed commit is fatal: the loop stops
         uncommitted, and the restarted member redoes the inputs whose transaction was aborted."""
+        assert self.transaction is not None  # only transactional loops commit this way
         try:
             offsets = await self.transaction.commit(self._tracker.to_commit)
         except Exception as exc:  # noqa: BLE001 - a record or the commit failed: never commit around it

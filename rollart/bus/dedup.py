@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 REDIS_ATTEMPTS = 4  # a Redis blip of about a second is absorbed; longer, and the consumer stops
 
@@ -64,7 +64,7 @@ class Deduplicator:
             while self._queries:
                 batch, self._queries = self._queries, []
                 try:
-                    found = await _with_retries(lambda: self._exists(b[0] for b in batch))
+                    found = await _with_retries(lambda batch=batch: self._exists(b[0] for b in batch))
                 except Exception as exc:
                     for _, future in batch:
                         if not future.done():

@@ -33,7 +33,8 @@ Ranges = list[tuple[int, int]]  # inclusive (first, last), ascending, disjoint
 
 def encode_done(base: int, ranges: Ranges) -> str:
     """Offsets done at or past ``base`` as metadata, relative to ``base`` (short)."""
-    parts, size = [], len(PREFIX)
+    parts: list[str] = []
+    size = len(PREFIX)
     for first, last in ranges:
         part = str(first - base) if first == last else f"{first - base}-{last - base}"
         if size + len(part) + 1 > MAX_METADATA_CHARS:

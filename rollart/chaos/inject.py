@@ -21,7 +21,7 @@ from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages.codec import H_ID, H_SCHEMA
 from rollart.stages.registry import STAGES, stage_of_process
 from rollart.topics import expand_catalog
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 KILLABLE = tuple(s.name for s in STAGES.values() if s.requires is None)  # the stages every training job runs
 BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log

@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart.config import ConfigError, RollartConfig, load_config
+from rollart.endpoints import NoEndpointError
 from rollart.stages.registry import STAGES as _STAGES
 
 STAGE_NAMES = tuple(_STAGES)
-from rollart.endpoints import NoEndpointError
 
 app = typer.Typer(help="rollart: disaggregated multi-task agentic RL on Kafka consumer groups.",
                   no_args_is_help=True, pretty_exceptions_enable=False)

@@ -30,7 +30,7 @@ from rollart.messages import VersionAnnouncement
 from rollart.weights.follower import LOAD_SECONDS, LOADED_VERSION, PULL_MARK_TTL_S, PULL_SECONDS, pull_and_load, \
     pulling_key
 from rollart.weights.transport import make_transport
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 log = logging.getLogger(__name__)
 

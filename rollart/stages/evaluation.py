@@ -204,8 +204,8 @@ class EvalStage:
         if self.trackers:
             await asyncio.to_thread(self.trackers.log_scalars, summary.step, tracker_scalars(summary))
         if self.config.eval.record is not None:
-            with open(self.config.eval.record, "a") as f:
-                f.write(json.dumps(summary_row(summary, list(run.rows.values()))) + "\n")
+            await asyncio.to_thread(_append_line, self.config.eval.record,
+                                    json.dumps(summary_row(summary, list(run.rows.values()))))
         log.info("eval: version %d (step %d) %s: %s", version, summary.step,
                  "complete" if summary.complete else "INCOMPLETE",
                  ", ".join(f"{t} success {r.success_rate:.2f} reward {r.reward_mean:.3f}" for t, r in summary.tags.items()))
@@ -242,3 +242,8 @@ async def run_eval(config: RollartConfig, stop: StopRequest) -> None:
                         await task
     finally:
         trackers.close()
+
+
+def _append_line(path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")

@@ -29,7 +29,7 @@ from rollart.messages import TaskSpec
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.state.admission import starving_key
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
 log = logging.getLogger(__name__)

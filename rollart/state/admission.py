@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 _TRY_ADMIT = """
 local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 
 class PoolRegistry:

@@ -20,7 +20,7 @@ from rollart.bus.reader import read_to_end
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement, WeightManifest
-from rollart.state.keys import RedisKeys
+from rollart.names import RedisKeys
 
 VERSIONS_TOPIC = "policy.versions"
 
@@ -106,7 +106,7 @@ class VersionWriter(VersionStore):
         if await self.redis.set(self.lease_key, self.token, nx=True, px=self.lease_ms):
             return
         holder = await self.redis.get(self.lease_key)
-        if holder is not None and holder.decode() == self.token:
+        if holder is not None and (holder.decode() if isinstance(holder, bytes) else holder) == self.token:
             return
         raise WriterConflict(f"another trainer holds the policy version lease ({self.lease_key}); "
                              f"wait {self.lease_ms / 1000:.0f}s for it to expire or stop that trainer")

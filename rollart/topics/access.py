@@ -49,7 +49,7 @@ def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> 
     write: set[str] = set()
     for spec in (s for s in load_catalog(config.topics).values() if s.needed_by(config)):
         for topic_pool in (config.pools if spec.per_pool else [pool]):
-            def named(entries: tuple[str, ...]) -> set[str]:
+            def named(entries: tuple[str, ...], topic_pool: str | None = topic_pool) -> set[str]:
                 return {e.format(pool=topic_pool) if topic_pool else e for e in entries}
 
             physical = f"{config.job}.{spec.name.format(pool=topic_pool)}" if spec.per_pool \

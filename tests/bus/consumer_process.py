@@ -28,7 +28,7 @@ async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str,
     print("starting", flush=True)
     try:
         with interruptible():  # as vLLM's engine constructor runs
-            time.sleep(float(startup_s))
+            time.sleep(float(startup_s))  # noqa: ASYNC251 - a blocking constructor, as vLLM's is
     except StartupInterrupted:
         print("stopped during start-up", flush=True)
         return

@@ -9,7 +9,6 @@ handler ran twice for each input. Under at-least-once the same crash leaves two 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections import Counter
 
@@ -18,7 +17,6 @@ import pytest
 from rollart.bus.reader import read_to_end
 from rollart.config import ConfigError, build_config
 from rollart.messages import DEFAULT_CODEC, TaskSpec
-from rollart.runtime import open_runtime
 from tests.bus.test_process_lifecycle import read_until, spawn_consumer
 from tests.conftest import KAFKA_ONLY, make_config
 

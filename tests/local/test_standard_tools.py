@@ -56,8 +56,7 @@ def describe_groups(bootstrap: str, group: str) -> dict[tuple[str, int], tuple[i
     for line in done.stdout.splitlines():
         cells = line.split()
         if len(cells) >= 6 and cells[0] == group:
-            number = (lambda c: None if c == "-" else int(c))
-            rows[(cells[1], int(cells[2]))] = (number(cells[3]), int(cells[4]), number(cells[5]))
+            rows[(cells[1], int(cells[2]))] = (_number(cells[3]), int(cells[4]), _number(cells[5]))
     return rows
 
 
@@ -111,3 +110,8 @@ async def test_producer_batches_are_idempotent_on_the_log(runtime, stack):
 
 def field(line: str, name: str) -> str:
     return line.split(f"{name}: ", 1)[1].split()[0]
+
+
+def _number(cell: str) -> int | None:
+    """A kafka-consumer-groups cell: "-" where the tool has no figure."""
+    return None if cell == "-" else int(cell)

@@ -20,9 +20,9 @@ pytestmark = BOTH_BROKERS  # the broker contract
 async def test_lag_matches_produced_and_committed_offsets(runtime, endpoints):
     config = runtime.config
     task = sample_messages()[0]
-    for n in range(10):  # every task on partition 0 of `tasks`
+    for _ in range(10):  # every task on partition 0 of `tasks`
         await runtime.producer.send_and_wait("tasks", task, partition=0)
-    for n in range(3):
+    for _ in range(3):
         await runtime.producer.send_and_wait("tasks", task, partition=1)
     physical = runtime.producer.names.physical("tasks")
     consumer = AIOKafkaConsumer(group_id=f"{config.job}.env", enable_auto_commit=False,

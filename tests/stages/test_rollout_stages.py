@@ -18,7 +18,7 @@ async def test_groups_complete_scored_with_loss_mask_on_llm_tokens_only(harness,
     await harness.submit("m", "math", group_size=2, seed=2)
     await harness.wait_groups({"fl": 3, "m": 2})
     await eventually(lambda: len(harness.scored) == 5, what="5 scored trajectories")
-    for traj_id, scored in harness.scored.items():
+    for scored in harness.scored.values():
         t = scored.trajectory
         assert t.turns >= 1 and len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) == len(t.versions)
         generated = [i for i, m in enumerate(t.loss_mask) if m]

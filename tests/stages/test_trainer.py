@@ -257,7 +257,7 @@ async def test_old_versions_are_collected_unless_a_consumer_is_pulling_them(trai
     for n in (1, 2):
         await trainer.produce([scored(10 * n + g, m, reward=float(m), version=n, job=job)
                                for g in range(2) for m in range(2)])
-        await eventually(lambda: trainer.stage.version == n + 1, what=f"version {n + 1}")
+        await eventually(lambda n=n: trainer.stage.version == n + 1, what=f"version {n + 1}")
     assert sorted(publisher.published) == [1, 2, 3], "version 1 is kept while gen-a pulls it"
     assert await redis.hkeys(key) == [b"gen-a"], "the expired mark was removed"
     await redis.hdel(key, "gen-a")

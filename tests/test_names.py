@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from rollart.state.keys import LOADS_KEPT, RedisKeys
+from rollart.names import LOADS_KEPT, RedisKeys
 from rollart.weights.follower import loads_key, record_load
 from tests.conftest import REPO
 
@@ -29,12 +29,12 @@ def test_every_key_is_the_jobs_own_and_distinct():
 def test_no_redis_key_is_spelled_outside_the_naming_module():
     offenders = []
     for path in sorted((REPO / "rollart").rglob("*.py")):
-        if path.name == "keys.py" and path.parent.name == "state":
+        if path == REPO / "rollart" / "names.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if KEY_FORMAT.search(line):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
-    assert not offenders, "Redis keys belong in rollart/state/keys.py:\n" + "\n".join(offenders)
+    assert not offenders, "Redis keys belong in rollart/names.py:\n" + "\n".join(offenders)
     assert KEY_FORMAT.search('self.key = f"{config.redis.key_prefix}:{config.job}:admission"'), "the grep finds one"
 
 

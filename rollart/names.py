@@ -1,6 +1,6 @@
 """Every Redis key a job uses, declared once: ``<key_prefix>:<job>:<name>``, each with its bound.
 
-Nothing else spells a key (``tests/state/test_keys.py`` greps for formats outside this module). A key
+Nothing else spells a key (``tests/test_names.py`` greps for formats outside this module). A key
 is either short-lived (a TTL), rewritten in place (one value, a hash of live members, a counter), or a
 list trimmed on every push: none grows with the length of a run.
 """
