@@ -9,6 +9,7 @@ error names the field.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -551,10 +552,38 @@ class RollartConfig(BaseSettings):
             return spec.pool
         return self.routing.default_pool or self.pools[0]
 
+    def with_updates(self, source: str = "override", **updates: Any) -> "RollartConfig":
+        """This config with ``updates`` merged in (nested sections as dicts or models), validated
+        again as a whole: an override breaks no rule a config file could not (``--job a.b`` is refused,
+        naming the field). The environment was applied once already and does not override them."""
+        data = _merged(self.model_dump(exclude_unset=True), updates)  # what was set stays set
+        token = _REVALIDATING.set(True)
+        try:
+            return build_config(data, source)
+        finally:
+            _REVALIDATING.reset(token)
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        if _REVALIDATING.get():
+            return (init_settings,)
         # Environment first: it overrides what the YAML file (passed as init kwargs) says.
         return (env_settings, init_settings)
+
+
+_REVALIDATING: ContextVar[bool] = ContextVar("rollart_config_revalidating", default=False)
+
+
+def _merged(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in updates.items():
+        if isinstance(value, BaseModel):
+            value = value.model_dump(exclude_unset=True)
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -55,7 +55,7 @@ async def refeed(source: RollartConfig, endpoints: Endpoints, topic: str, flt: R
         raise ValueError("re-feeding a topic into itself would duplicate it; name another job or topic")
     catalog = load_catalog(source.topics)
     check_kinds(topic, to_topic, catalog)
-    dest = source.model_copy(update={"job": to_job})
+    dest = source.with_updates("--refeed-to", job=to_job)
     await apply_topics(dest, endpoints, expand_catalog(dest, catalog))  # the new job's topics exist
     physical = f"{to_job}.{to_topic}"
     present = await destination_ids(dest, endpoints, physical)

@@ -54,3 +54,32 @@ def test_bad_env_override_names_the_field(monkeypatch):
     monkeypatch.setenv("ROLLART_BUS_MAX_IN_FLIGHT", "lots")
     with pytest.raises(ConfigError, match="bus.max_in_flight"):
         load_config(None)
+
+
+def test_an_override_is_validated_like_the_file_and_keeps_what_was_set(monkeypatch):
+    """`RollartConfig.with_updates`: what `--job`, the runners and `--refeed-to` change goes through
+    the same validators as a config file (model_copy would have let `--job a.b` through), nested
+    sections merge, and the environment, applied once already, does not override the update."""
+    from rollart.config import build_config
+
+    monkeypatch.setenv("ROLLART_JOB", "from-env")
+    config = build_config({"redis": {"url": "redis://a:1/0", "key_prefix": "kp"},
+                           "tags": {"grid": {"env": "frozenlake"}}})
+    assert config.job == "from-env"
+    updated = config.with_updates(job="explicit", redis={"url": "redis://b:2/0"})
+    assert (updated.job, updated.redis.url, updated.redis.key_prefix) == ("explicit", "redis://b:2/0", "kp")
+    assert "reward" not in updated.tags["grid"].model_fields_set, "a default stays a default (declarations fill it)"
+    with pytest.raises(ConfigError, match=r"\(--job\):\n  job: String should match pattern"):
+        config.with_updates("--job", job="a.b")
+    with pytest.raises(ConfigError, match="bus.processing_guarantee"):
+        config.with_updates(kafka={"broker": "tansu"}, bus={"processing_guarantee": "exactly_once"})
+
+
+def test_a_bad_job_on_the_command_line_exits_2_naming_it():
+    from typer.testing import CliRunner
+
+    from rollart.cli import app
+
+    result = CliRunner().invoke(app, ["lag", "--job", "a.b"])
+    assert result.exit_code == 2
+    assert "job: String should match pattern" in result.output

@@ -116,7 +116,7 @@ class ChaosDriver:
         self.stages_alive_at_end = bool(pids) and all(pid_alive(p) for p in pids.values())
 
     async def inject(self, kind: str) -> FaultEvent | None:
-        job_cfg = self.config.model_copy(update={"job": self.job()})
+        job_cfg = self.config.with_updates(job=self.job())
         at = time.time()
         kind, _, stage = kind.partition(":")  # "kill:trainer" names the stage; "kill" picks one
         if kind == "kill" and stage == inject.BROKER:
@@ -227,7 +227,7 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
                 outcome, = await asyncio.gather(drive, return_exceptions=True)
             if isinstance(outcome, Exception):  # a fault that could not be injected is a failed campaign
                 driver.error = f"{type(outcome).__name__}: {outcome}"
-            job_cfg = config.model_copy(update={"job": report["job"]})
+            job_cfg = config.with_updates(job=report["job"])
             record = CheckpointStore(out / "checkpoints").read_record()
             audit = await audit_run(job_cfg, endpoints, record, report["alpha"], driver.injected,
                                     stall_limit_s=stall_limit_s, ended_at=time.time())

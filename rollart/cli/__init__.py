@@ -80,6 +80,15 @@ def _config(path: Path | None) -> RollartConfig:
         raise typer.Exit(2) from None
 
 
+def _with_job(config: RollartConfig, job: str) -> RollartConfig:
+    """``--job`` over the config's job, validated like the config's own (a bad name exits 2, naming it)."""
+    try:
+        return config.with_updates("--job", job=job)
+    except ConfigError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _run(coro):
     try:
         return asyncio.run(coro)
@@ -498,7 +507,7 @@ def lag_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Option("
 
     cfg = _config(config)
     if job:
-        cfg = cfg.model_copy(update={"job": job})
+        cfg = _with_job(cfg, job)
     if metrics_port is not None:
         from rollart.metrics import serve_metrics
 
@@ -554,7 +563,7 @@ def replay_cmd(config: ConfigOption = None,
 
     cfg = _config(config)
     if job:
-        cfg = cfg.model_copy(update={"job": job})
+        cfg = _with_job(cfg, job)
     tokenizer = _tokenizer(cfg)
     flt = ReplayFilter(traj_id=traj, from_offset=from_offset, partition=partition, limit=limit,
                        since_ms=int(since * 1000) if since else None, until_ms=int(until * 1000) if until else None,

@@ -17,7 +17,7 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from rollart.config import KafkaConfig, RollartConfig
+from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, NoEndpointError, resolve_endpoints
 from rollart.local.processes import StageProcesses
 from rollart.local.security import LocalSecurity
@@ -49,12 +49,8 @@ def run_config(config: RollartConfig, endpoints: Endpoints, job: str, **updates)
     kafka = {"bootstrap": endpoints.kafka_bootstrap, "broker": endpoints.broker}
     if endpoints.kafka_security:
         kafka.update(LocalSecurity(Path(endpoints.kafka_security)).kafka_config())
-    return config.model_copy(update={
-        "job": job,
-        "kafka": KafkaConfig(**{**config.kafka.model_dump(), **kafka}),
-        "redis": config.redis.model_copy(update={"url": endpoints.redis_url}),
-        **updates,
-    })
+    return config.with_updates(f"the run's config (job {job})", job=job, kafka=kafka,
+                               redis={"url": endpoints.redis_url}, **updates)
 
 
 async def stage_logins(config: RollartConfig, endpoints: Endpoints) -> dict[tuple[str, str | None], dict[str, str]]:
