@@ -564,7 +564,8 @@ class RollartConfig(BaseSettings):
             _REVALIDATING.reset(token)
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+    def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, env_settings: Any, dotenv_settings: Any,
+                                   file_secret_settings: Any) -> tuple[Any, ...]:
         if _REVALIDATING.get():
             return (init_settings,)
         # Environment first: it overrides what the YAML file (passed as init kwargs) says.

@@ -1,13 +1,42 @@
-"""Every Redis key a job uses, declared once: ``<key_prefix>:<job>:<name>``, each with its bound.
+"""The names a job uses, declared once: its topics and every Redis key.
 
-Nothing else spells a key (``tests/test_names.py`` greps for formats outside this module). A key
-is either short-lived (a TTL), rewritten in place (one value, a hash of live members, a counter), or a
-list trimmed on every push: none grows with the length of a run.
+Topics: the logical names below (the catalog, ``topics/*.yaml``, defines each one's partitions,
+retention and kinds; a test holds the two to each other); on the wire a topic is ``<job>.<logical>``
+(:class:`rollart.topics.TopicNames`). Redis keys: ``<key_prefix>:<job>:<name>``, each with its bound:
+short-lived (a TTL), rewritten in place (one value, a hash of live members, a counter), or a list
+trimmed on every push; none grows with the length of a run.
+
+Nothing else spells a topic or a key (``tests/test_names.py`` greps for them outside this module).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+# -- topics (logical names) ---------------------------------------------------------------------------
+
+TASKS = "tasks"  # feeder (and eval stage) -> env stage
+GEN_REQUESTS = "gen.requests.{pool}"  # env / reward (judge) -> one generation pool, per pool
+ENV_ACTIONS = "env.actions"  # generation -> the env member that asked (its reply partition)
+REWARDS_JUDGE = "rewards.judge"  # generation -> the reward member that asked a judge
+TRAJECTORIES_COMPLETED = "trajectories.completed"  # env -> reward
+REWARDS_RESULTS = "rewards.results"  # reward -> trainer
+POLICY_VERSIONS = "policy.versions"  # trainer -> every stage (compacted)
+EVAL_RESULTS = "eval.results"  # reward -> eval stage (held-out trajectories, never trained)
+EVAL_SUMMARIES = "eval.summaries"  # eval stage -> dashboards, trackers (compacted)
+DLQ_SUFFIX = ".dlq"  # <physical topic>.dlq: what a consumer of that topic could not handle
+
+TOPICS = (TASKS, GEN_REQUESTS, ENV_ACTIONS, REWARDS_JUDGE, TRAJECTORIES_COMPLETED, REWARDS_RESULTS,
+          POLICY_VERSIONS, EVAL_RESULTS, EVAL_SUMMARIES)
+
+
+def gen_requests(pool: str) -> str:
+    """The requests topic of one generation pool."""
+    return GEN_REQUESTS.format(pool=pool)
+
+
+# -- Redis keys -----------------------------------------------------------------------------------
 
 LOADS_KEPT = 1000  # weights:loads: the newest loads (a 150-step run with 4 pool members makes ~600)
 
@@ -18,7 +47,7 @@ class RedisKeys:
     job: str
 
     @classmethod
-    def of(cls, config) -> "RedisKeys":
+    def of(cls, config: Any) -> "RedisKeys":  # a RollartConfig (this module imports nothing of rollart)
         return cls(config.redis.key_prefix, config.job)
 
     def _key(self, name: str) -> str:

@@ -15,9 +15,10 @@ from rollart.messages import Abort, CompletedTrajectory, GenerationRequest, Gene
     ScoredTrajectory, TaskSpec
 from rollart.replay import ReplayFilter, replay
 from rollart.topics import expand_catalog
+from rollart.names import DLQ_SUFFIX, ENV_ACTIONS, GEN_REQUESTS, POLICY_VERSIONS, REWARDS_JUDGE, REWARDS_RESULTS, TASKS, TRAJECTORIES_COMPLETED
 
 # The order of the RL loop, for records written in the same millisecond.
-STAGE_ORDER = ("tasks", "gen.requests", "env.actions", "trajectories.completed", "rewards.judge", "rewards.results")
+STAGE_ORDER = (TASKS, GEN_REQUESTS.split(".{")[0], ENV_ACTIONS, TRAJECTORIES_COMPLETED, REWARDS_JUDGE, REWARDS_RESULTS)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _stage_rank(topic: str) -> int:
 
 async def trace(config: RollartConfig, endpoints: Endpoints, traj_id: str) -> list[TraceEntry]:
     """Every record about ``traj_id`` (and its group's task), oldest first."""
-    topics = [t.logical for t in expand_catalog(config) if t.logical not in ("tasks", "policy.versions")]
+    topics = [t.logical for t in expand_catalog(config) if t.logical not in (TASKS, POLICY_VERSIONS)]
     entries: list[TraceEntry] = []
     groups: set[str] = set()
     for topic in topics:
@@ -54,7 +55,7 @@ async def trace(config: RollartConfig, endpoints: Endpoints, traj_id: str) -> li
             entries.append(TraceEntry(topic, record, message))
             if group_of(message):
                 groups.add(group_of(message))
-    for topic in ("tasks", "tasks.dlq"):
+    for topic in (TASKS, TASKS + DLQ_SUFFIX):
         async for record, message in replay(config, endpoints, topic, ReplayFilter()):
             if isinstance(message, TaskSpec) and message.group_id in groups:
                 entries.append(TraceEntry(topic, record, message))

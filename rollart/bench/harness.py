@@ -15,6 +15,7 @@ from rollart.messages import Abort, CompletedTrajectory, ScoredTrajectory, TaskS
 from rollart.stages.env import EnvManager, env_loops
 from rollart.stages.generation import GenerationStage, generation_loop
 from rollart.stages.reward import RewardBridge, reward_loops
+from rollart.names import REWARDS_RESULTS, TASKS, TRAJECTORIES_COMPLETED
 
 
 async def eventually(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
@@ -76,7 +77,7 @@ class RolloutHarness:
         is False (it then runs elsewhere, e.g. as its own process). Returns when every loop holds its
         partitions; the groups join at once (each join waits out the broker's initial rebalance delay,
         ~3 s: one after the other they took 15 s)."""
-        loops = [self.rt.consumer_loop("observer", ["trajectories.completed", "rewards.results"], self._observe,
+        loops = [self.rt.consumer_loop("observer", [TRAJECTORIES_COMPLETED, REWARDS_RESULTS], self._observe,
                                        ordering="none", dedup=False)]
         if env:
             loops += env_loops(self.rt, self.manager)
@@ -117,7 +118,7 @@ class RolloutHarness:
         spec = self.config.tags[tag]
         task = TaskSpec(group_id=group_id, env=spec.env, tag=tag, group_size=group_size, redundancy=redundancy,
                         seed=seed, prompt=prompt, labels=labels or {}, created_at=time.time())
-        await self.rt.producer.send_and_wait("tasks", task, key=group_id)
+        await self.rt.producer.send_and_wait(TASKS, task, key=group_id)
         return task
 
     def ended(self, group_id: str) -> dict[str, list[str]]:

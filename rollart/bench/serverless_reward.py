@@ -30,6 +30,7 @@ from rollart.config import RollartConfig, build_config
 from rollart.local.http_server import serve_post
 from rollart.messages import ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
+from rollart.names import REWARDS_RESULTS, TRAJECTORIES_COMPLETED
 
 
 @dataclass
@@ -102,7 +103,7 @@ async def _run_mode(base: RollartConfig, endpoints, chat, service: RewardService
         bridge = RewardBridge(rt, chat)
         scoring, _ = reward_loops(rt, bridge)
         await loops.start(scoring)
-        await loops.start(rt.consumer_loop("observer", ["rewards.results"], observe, ordering="none", dedup=False))
+        await loops.start(rt.consumer_loop("observer", [REWARDS_RESULTS], observe, ordering="none", dedup=False))
         started = time.monotonic()
         try:
             for b in range(bursts):
@@ -111,7 +112,7 @@ async def _run_mode(base: RollartConfig, endpoints, chat, service: RewardService
                 sent = {}
                 for traj_id in ids:
                     message = replace(sample_trajectory(traj_id=traj_id), tag="work", group_id=f"b{b}")
-                    await rt.producer.send("trajectories.completed", message, key=traj_id)
+                    await rt.producer.send(TRAJECTORIES_COMPLETED, message, key=traj_id)
                     sent[traj_id] = time.monotonic()
                 await eventually(lambda ids=ids: all(t in scored_at for t in ids), timeout=120, what=f"burst {b} scored")
                 makespans.append(max(scored_at[t] for t in ids) - burst_start)

@@ -80,7 +80,7 @@ class MessageContext:
     record: ConsumerRecord
     topic: str  # logical topic name
     producer: BusProducer
-    acks: list[asyncio.Future] = field(default_factory=list)
+    acks: list[asyncio.Future[Any]] = field(default_factory=list)
     written: list[str] = field(default_factory=list)  # physical topics of ``acks``
     # Under a transaction the outputs wait here until the handler returned; the loop then sends them
     # in the transaction that also commits this input's offset (a failed attempt sends nothing).
@@ -101,7 +101,7 @@ class MessageContext:
 Handler = Callable[[Envelope, MessageContext], Awaitable[None]]
 
 
-class _Rebalance(ConsumerRebalanceListener):
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
     def __init__(self, loop: "ConsumerLoop"):
         self._loop = loop
 
@@ -169,9 +169,9 @@ class ConsumerLoop:
             **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
         )
         self._tracker = OffsetTracker()
-        self._tasks: dict[tuple[TopicPartition, int], asyncio.Task] = {}
-        self._tails: dict[Any, asyncio.Task] = {}
-        self._active_ids: dict[str, asyncio.Task] = {}  # message id -> the task handling it
+        self._tasks: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
+        self._tails: dict[Any, asyncio.Task[None]] = {}
+        self._active_ids: dict[str, asyncio.Task[Any]] = {}  # message id -> the task handling it
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -294,7 +294,7 @@ class ConsumerLoop:
         task.add_done_callback(lambda t: self._finished(t, key, ident))
         IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
 
-    def _finished(self, task: asyncio.Task, key: Any, ident: tuple[TopicPartition, int]) -> None:
+    def _finished(self, task: asyncio.Task[None], key: Any, ident: tuple[TopicPartition, int]) -> None:
         self._tasks.pop(ident, None)
         if key is not None and self._tails.get(key) is task:
             del self._tails[key]
@@ -303,7 +303,7 @@ class ConsumerLoop:
 
     # -- processing one message -----------------------------------------------------------------
 
-    async def _process(self, tp: TopicPartition, record: ConsumerRecord, predecessor: asyncio.Task | None) -> None:
+    async def _process(self, tp: TopicPartition, record: ConsumerRecord, predecessor: asyncio.Task[None] | None) -> None:
         topic = self._physical.get(record.topic, record.topic)
         labels = (*self._labels, topic)
         started = time.perf_counter()
@@ -363,7 +363,7 @@ class ConsumerLoop:
         return outputs
 
     async def _handle_with_retries(self, envelope: Envelope, record: ConsumerRecord, topic: str,
-                                   labels: tuple[str, ...]) -> tuple[str | None, list]:
+                                   labels: tuple[str, ...]) -> tuple[str | None, list[Any]]:
         """Run the handler; returns (None, deferred outputs) on success or (the final error text, [])."""
         attempts = self.config.bus.handler_attempts
         for attempt in range(1, attempts + 1):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from typing import Awaitable, Callable, Iterable, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -23,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollart.names import RedisKeys
 
+T = TypeVar("T")
 REDIS_ATTEMPTS = 4  # a Redis blip of about a second is absorbed; longer, and the consumer stops
 
 
@@ -34,9 +36,9 @@ class Deduplicator:
         self._local: OrderedDict[str, None] = OrderedDict()
         self._capacity = local_capacity
         self._unflushed: list[str] = []
-        self._queries: list[tuple[str, asyncio.Future]] = []
-        self._query_task: asyncio.Task | None = None
-        self._flush_task: asyncio.Task | None = None
+        self._queries: list[tuple[str, asyncio.Future[bool]]] = []
+        self._query_task: asyncio.Task[None] | None = None
+        self._flush_task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
 
     def _key(self, message_id: str) -> str:
@@ -56,15 +58,16 @@ class Deduplicator:
         self._queries.append((message_id, future))
         if self._query_task is None:
             self._query_task = asyncio.create_task(self._answer_queries())
-        return await future
+        return bool(await future)
 
     async def _answer_queries(self) -> None:
         await asyncio.sleep(0)  # let the handlers dispatched in this poll join the batch
         try:
             while self._queries:
                 batch, self._queries = self._queries, []
+                ids = [message_id for message_id, _ in batch]
                 try:
-                    found = await _with_retries(lambda batch=batch: self._exists(b[0] for b in batch))
+                    found = await _with_retries(lambda: self._exists(ids))  # noqa: B023 - awaited here
                 except Exception as exc:
                     for _, future in batch:
                         if not future.done():
@@ -78,7 +81,7 @@ class Deduplicator:
         finally:
             self._query_task = None
 
-    async def _exists(self, ids) -> list[int]:
+    async def _exists(self, ids: Iterable[str]) -> list[int]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for message_id in ids:
                 pipe.exists(self._key(message_id))
@@ -121,7 +124,7 @@ class Deduplicator:
             await pipe.execute()
 
 
-async def _with_retries(call):
+async def _with_retries(call: Callable[[], Awaitable[T]]) -> T:
     for attempt in range(REDIS_ATTEMPTS):
         try:
             return await call()
@@ -129,3 +132,4 @@ async def _with_retries(call):
             if attempt == REDIS_ATTEMPTS - 1:
                 raise
             await asyncio.sleep(0.1 * 2 ** attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")

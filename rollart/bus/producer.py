@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (ClusterAuthorizationFailedError, TopicAuthorizationFailedError,
@@ -88,7 +88,7 @@ class BusProducer:
     async def begin_transaction(self) -> None:
         await self._producer.begin_transaction()
 
-    async def commit_transaction(self, offsets: dict, group_id: str) -> None:
+    async def commit_transaction(self, offsets: dict[Any, Any], group_id: str) -> None:
         """Commit what was sent since :meth:`begin_transaction` together with the consumer
         ``offsets`` of ``group_id`` (all or nothing)."""
         if offsets:
@@ -115,10 +115,10 @@ class BusProducer:
         except AUTHORIZATION_ERRORS as exc:
             raise NotAuthorized(client_principal(self.config), [physical_topic], exc) from exc
         future.add_done_callback(self._count_ack(physical_topic))
-        return future
+        return future  # type: ignore[no-any-return]  # aiokafka ships no types
 
-    def _count_ack(self, physical_topic: str):
-        def done(fut: asyncio.Future) -> None:
+    def _count_ack(self, physical_topic: str) -> Callable[["asyncio.Future[RecordMetadata]"], None]:
+        def done(fut: "asyncio.Future[RecordMetadata]") -> None:
             if not fut.cancelled() and fut.exception() is None:
                 PRODUCED.labels(self.config.job, physical_topic).inc()
         return done

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import signal
 import threading
-from typing import Awaitable, Callable, TypeVar
+from types import FrameType
+from typing import Awaitable, Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -86,7 +87,7 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def interruptible():
+def interruptible() -> Iterator[None]:
     """Run a blocking start-up step (one that holds the event loop) so that SIGTERM or SIGINT raise
     :class:`StartupInterrupted` inside it, after setting the stop request. Only around synchronous
     code: an exception raised while the event loop itself runs would break the loop. Without an
@@ -98,7 +99,7 @@ def interruptible():
     if request.requested:
         raise StartupInterrupted("stop requested before the step began")
 
-    def raise_now(signum, frame):
+    def raise_now(signum: int, frame: FrameType | None) -> None:
         request.request()
         raise StartupInterrupted(f"{signal.Signals(signum).name} during a blocking start-up step")
 

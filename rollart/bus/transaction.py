@@ -53,7 +53,7 @@ class Transaction:
         self.producer = producer
         self.group_id = group_id
         self._lock = asyncio.Lock()
-        self._acks: list[asyncio.Future] = []  # the open transaction's records
+        self._acks: list[asyncio.Future[Any]] = []  # the open transaction's records
 
     async def open(self) -> None:
         await self.producer.start()  # InitProducerId: fences an older producer with the same id

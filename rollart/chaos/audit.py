@@ -30,6 +30,7 @@ from rollart.lag import consumer_lag
 from rollart.messages import Abort, CompletedTrajectory, MessageDecodeError, ScoredTrajectory, TaskSpec
 from rollart.replay import ReplayFilter, replay
 from rollart.topics import expand_catalog
+from rollart.names import REWARDS_RESULTS, TASKS, TRAJECTORIES_COMPLETED
 
 
 @dataclass
@@ -95,16 +96,16 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
                     ended_at: float | None = None) -> Audit:
     audit = Audit(stall_limit_s=stall_limit_s)
     lag = await consumer_lag(config, endpoints)
-    tasks = await _messages(config, endpoints, "tasks")
-    completions = await _messages(config, endpoints, "trajectories.completed")
-    results = await _messages(config, endpoints, "rewards.results")
-    for topic, messages in (("tasks", tasks), ("trajectories.completed", completions), ("rewards.results", results)):
+    tasks = await _messages(config, endpoints, TASKS)
+    completions = await _messages(config, endpoints, TRAJECTORIES_COMPLETED)
+    results = await _messages(config, endpoints, REWARDS_RESULTS)
+    for topic, messages in ((TASKS, tasks), (TRAJECTORIES_COMPLETED, completions), (REWARDS_RESULTS, results)):
         audit.duplicates_produced[topic], audit.duplicate_examples[topic] = _extra_copies(messages)
-    _audit_trajectories(audit, tasks, completions, _committed(lag, "env", "tasks"))
+    _audit_trajectories(audit, tasks, completions, _committed(lag, "env", TASKS))
     scored = {m.trajectory.traj_id for _, m in results if isinstance(m, ScoredTrajectory)}
     dead = await _dlq_sources(config, endpoints)
     completed = [(r, m) for r, m in completions if isinstance(m, CompletedTrajectory)]
-    _audit_rewards(audit, completed, scored, dead, _committed(lag, "reward", "trajectories.completed"))
+    _audit_rewards(audit, completed, scored, dead, _committed(lag, "reward", TRAJECTORIES_COMPLETED))
     _audit_training(audit, record, alpha)
     audit.longest_stall_s = longest_stall(record, ended_at)
     audit.bad_injected = len(injected)

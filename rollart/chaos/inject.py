@@ -22,6 +22,7 @@ from rollart.messages.codec import H_ID, H_SCHEMA
 from rollart.stages.registry import STAGES, stage_of_process
 from rollart.topics import expand_catalog
 from rollart.names import RedisKeys
+from rollart.names import REWARDS_JUDGE
 
 KILLABLE = tuple(s.name for s in STAGES.values() if s.requires is None)  # the stages every training job runs
 BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log
@@ -107,7 +108,7 @@ def consumed_topics(config: RollartConfig) -> list[str]:
     ``rewards.judge`` has a consumer only when some tag is scored by an LLM judge."""
     judged = any(spec.reward.type == "judge" for spec in config.tags.values())
     return [t.name for t in expand_catalog(config) if not t.is_dlq and t.spec is not None and t.spec.consumers
-            and (t.logical != "rewards.judge" or judged)]
+            and (t.logical != REWARDS_JUDGE or judged)]
 
 
 async def inject_bad_messages(config: RollartConfig, endpoints: Endpoints) -> list[Injected]:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from rollart.config import ConfigError, RollartConfig, load_config
 from rollart.endpoints import NoEndpointError
+from rollart.names import REWARDS_RESULTS
 from rollart.stages.registry import STAGES as _STAGES
 
 STAGE_NAMES = tuple(_STAGES)
@@ -534,7 +535,7 @@ def lag_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Option("
 
 @app.command("replay")
 def replay_cmd(config: ConfigOption = None,
-               topic: Annotated[str, typer.Option(help="Logical topic, e.g. rewards.results.")] = "rewards.results",
+               topic: Annotated[str, typer.Option(help="Logical topic, e.g. rewards.results.")] = REWARDS_RESULTS,
                traj: Annotated[Optional[str], typer.Option(help="Only this trajectory id.")] = None,
                from_offset: Annotated[Optional[int], typer.Option(help="Start at this offset.")] = None,
                partition: Optional[int] = None,

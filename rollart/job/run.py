@@ -40,6 +40,7 @@ from rollart.stages.trainer import trainer_alpha
 from rollart.topics.admin import apply_topics
 from rollart.training.checkpoint import CheckpointStore
 from rollart.weights.follower import loads_key
+from rollart.names import TRAJECTORIES_COMPLETED
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore
 async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, checkpoints: CheckpointStore,
                   restarts: Counter, opts: RunOptions) -> None:
     async with open_runtime(cfg, client_id=RUN_MONITOR, serve=False) as rt:
-        loop = rt.consumer_loop(RUN_MONITOR, ["trajectories.completed"], monitor.handle, ordering="none",
+        loop = rt.consumer_loop(RUN_MONITOR, [TRAJECTORIES_COMPLETED], monitor.handle, ordering="none",
                                 dedup=False)
         runner = asyncio.create_task(loop.run())
         deadline = time.monotonic() + opts.timeout_s

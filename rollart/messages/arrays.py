@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import array
 import sys
-from typing import ClassVar, Iterable
+from typing import Any, ClassVar, Iterable
 
 # Hard cap on elements in one array (16M): far above any context length, far below memory trouble.
 MAX_ARRAY_ELEMENTS = 1 << 24
@@ -19,12 +19,12 @@ MAX_ARRAY_ELEMENTS = 1 << 24
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
-class PackedArray(array.array):
+class PackedArray(array.array):  # type: ignore[type-arg]  # the typecode is fixed per subclass
     """Base for the typed packed arrays; subclasses fix the element type."""
 
     TYPECODE: ClassVar[str]
 
-    def __new__(cls, data: Iterable = ()):  # noqa: D102 - array.array signature, typecode fixed
+    def __new__(cls, data: Iterable[Any] = ()) -> "PackedArray":  # noqa: D102 - array.array signature, typecode fixed
         return super().__new__(cls, cls.TYPECODE, data)
 
     def to_wire(self) -> bytes:
@@ -56,7 +56,7 @@ class PackedArray(array.array):
     def __copy__(self) -> "PackedArray":
         return type(self)(self)
 
-    def __deepcopy__(self, memo: dict) -> "PackedArray":
+    def __deepcopy__(self, memo: dict[int, Any]) -> "PackedArray":
         return type(self)(self)
 
 

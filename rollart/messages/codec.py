@@ -92,7 +92,7 @@ class Codec:
         self.max_value_bytes = max_value_bytes
         self._kinds: dict[str, Any] = {k.KIND: k for k in kinds}  # type: ignore[attr-defined]  # every kind has KIND
         self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-        self._decoders: dict[str, msgspec.msgpack.Decoder] = {
+        self._decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {
             name: msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook) for name, kind in self._kinds.items()
         }
 

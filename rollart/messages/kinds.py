@@ -20,6 +20,7 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 
 from rollart.messages.arrays import Float32Array, Int32Array, UInt8Array
+from rollart.names import ENV_ACTIONS
 
 # Bounded scalar types: ids are short, free text (prompts, observations) may be long.
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -98,7 +99,7 @@ class GenerationRequest:
     # One run of the trajectory: a group rerun after a crash reuses traj ids, and its requests must
     # not be mistaken for the dead run's (which the generation group has already de-duplicated).
     episode: Name = ""
-    reply_topic: Name = "env.actions"  # logical topic of the reply (rewards.judge for LLM-judge rewards)
+    reply_topic: Name = ENV_ACTIONS  # logical topic of the reply (rewards.judge for LLM-judge rewards)
     # Serve with weights of at least this version (the version the task was admitted under): with
     # alpha = 0 this makes every turn of the next batch come from the policy just published.
     min_version: Version = 0

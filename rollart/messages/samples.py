@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rollart.messages.arrays import Float32Array, Int32Array, UInt8Array
 from rollart.messages.kinds import (
     Abort,
@@ -32,7 +34,7 @@ def sample_trajectory(traj_id: str = "g0-t0", n_prompt: int = 8, n_gen: int = 8,
     )
 
 
-def sample_messages(tokens: int = 16) -> list:
+def sample_messages(tokens: int = 16) -> list[Any]:
     """Every kind once; ``tokens`` sets the size of the token arrays."""
     trajectory = sample_trajectory(n_prompt=tokens // 2, n_gen=tokens - tokens // 2)
     return [

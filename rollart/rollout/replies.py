@@ -20,6 +20,7 @@ from prometheus_client import Counter
 from rollart.bus import MessageContext
 from rollart.messages import Abort, Envelope, GenerationRequest, GenerationResult
 from rollart.runtime import Runtime
+from rollart.names import gen_requests
 
 ORPHANS = Counter("rollart_bus_orphan_replies_total",
                   "Replies for no request of this member (late, after an abort or a re-issue)", ("job", "topic"))
@@ -99,7 +100,7 @@ class ReplyChannel:
             future = asyncio.get_running_loop().create_future()
             self.pending[key] = _Pending(future, request.reply_partition)
             try:
-                await self.rt.producer.send_and_wait(f"gen.requests.{request.pool}", request, key=request.traj_id)
+                await self.rt.producer.send_and_wait(gen_requests(request.pool), request, key=request.traj_id)
                 return await asyncio.wait_for(future, self.timeout_s)
             except _Reissue:
                 attempt += 1
@@ -117,6 +118,6 @@ class ReplyChannel:
         abort = Abort(traj_id=request.traj_id, turn=request.turn, reason="cancelled", group_id=request.group_id,
                       tag=request.tag, created_at=time.time(), episode=request.episode)
         try:
-            await self.rt.producer.send(f"gen.requests.{request.pool}", abort, key=request.traj_id)
+            await self.rt.producer.send(gen_requests(request.pool), abort, key=request.traj_id)
         except Exception:  # noqa: BLE001
             pass

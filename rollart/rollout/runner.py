@@ -26,6 +26,7 @@ from rollart.messages import Abort, Envelope, ScoredTrajectory
 from rollart.models.tiny import ensure_model
 from rollart.runtime import open_runtime
 from rollart.topics.admin import apply_topics
+from rollart.names import REWARDS_RESULTS, TRAJECTORIES_COMPLETED
 
 
 @contextlib.contextmanager
@@ -115,7 +116,7 @@ class Collector:
 async def collect(config: RollartConfig, target: int, procs: StageProcesses, timeout_s: float) -> Collector:
     collector = Collector(target, config.tag_shares(target))
     async with open_runtime(config, client_id="rollout-collector", serve=False) as rt:
-        loop = rt.consumer_loop("rollout-collector", ["rewards.results", "trajectories.completed"], collector.handle,
+        loop = rt.consumer_loop("rollout-collector", [REWARDS_RESULTS, TRAJECTORIES_COMPLETED], collector.handle,
                                 ordering="none", dedup=False)
         runner = asyncio.create_task(loop.run())
         deadline = time.monotonic() + timeout_s

@@ -41,6 +41,7 @@ from rollart.rollout.routing import PoolRouter, init_fallback_metrics
 from rollart.rollout.trajectory import TrajectoryBuilder
 from rollart.runtime import Runtime, open_runtime, run_in_order
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
+from rollart.names import ENV_ACTIONS, TASKS, TRAJECTORIES_COMPLETED
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class EnvManager:
         self.config: RollartConfig = runtime.config
         self.chat = chat
         self.member = member
-        self.replies = ReplyChannel(runtime, "env.actions", timeout_s=self.config.env.generation_timeout_s)
+        self.replies = ReplyChannel(runtime, ENV_ACTIONS, timeout_s=self.config.env.generation_timeout_s)
         registry = PoolRegistry(runtime.redis, prefix=self.config.redis.key_prefix, job=self.config.job)
         self.router = PoolRouter(self.config, registry)
         self.versions = VersionStore(self.config, runtime.endpoints, runtime.redis)
@@ -239,7 +240,7 @@ class EnvManager:
     async def _emit(self, outcome: CompletedTrajectory | Abort | GroupEnded, task: TaskSpec,
                     ctx: MessageContext) -> None:
         if isinstance(outcome, GroupEnded):
-            await ctx.produce("trajectories.completed", outcome, key=outcome.group_id)
+            await ctx.produce(TRAJECTORIES_COMPLETED, outcome, key=outcome.group_id)
             return
         if isinstance(outcome, CompletedTrajectory):
             COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
@@ -249,7 +250,7 @@ class EnvManager:
         else:
             ABORTED.labels(self.config.job, task.tag, outcome.reason).inc()
             version = None
-        await ctx.produce("trajectories.completed", outcome, key=outcome.traj_id, policy_version=version)
+        await ctx.produce(TRAJECTORIES_COMPLETED, outcome, key=outcome.traj_id, policy_version=version)
 
     # -- one turn, over the bus -----------------------------------------------------------------
 
@@ -385,7 +386,7 @@ def env_loops(rt: Runtime, manager: EnvManager):
     """The member's two loops: (tasks → groups, env.actions → results)."""
     config = rt.config
     actions = manager.replies.consumer_loop("env-actions")
-    tasks = rt.consumer_loop("env", ["tasks"], manager.handle_task, ordering="none",
+    tasks = rt.consumer_loop("env", [TASKS], manager.handle_task, ordering="none",
                              max_in_flight=config.env.max_groups, drain_timeout_s=config.env.shutdown_grace_s,
                              transactional=True)  # a group's completions commit with its task
     return tasks, actions

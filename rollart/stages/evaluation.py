@@ -43,6 +43,7 @@ from rollart.messages import DEFAULT_CODEC, Abort, Envelope, EvalSummary, GroupE
 from rollart.runtime import Runtime, open_runtime
 from rollart.tracking import Trackers
 from rollart.weights.follower import watch_versions
+from rollart.names import EVAL_RESULTS, EVAL_SUMMARIES, TASKS
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,10 @@ class EvalStage:
 
     async def recover(self) -> None:
         """Versions already summarised, and any evaluation in progress, from the log."""
-        async for record in self._read("eval.summaries", EvalSummary):
+        async for record in self._read(EVAL_SUMMARIES, EvalSummary):
             if record.job == self.config.job:
                 self.done.add(record.version)
-        async for record in self._read("eval.results", ScoredTrajectory, GroupEnded, Abort):
+        async for record in self._read(EVAL_RESULTS, ScoredTrajectory, GroupEnded, Abort):
             self.take(record)
         if self.done:
             log.info("eval: versions %s already evaluated; %d in progress", sorted(self.done), len(self.seen))
@@ -163,7 +164,7 @@ class EvalStage:
         await self._pin(PIN_SLOTS[0], announcement)
         if not run.over():
             for task in tasks:
-                await self.rt.producer.send_and_wait("tasks", task, key=task.group_id, policy_version=version)
+                await self.rt.producer.send_and_wait(TASKS, task, key=task.group_id, policy_version=version)
         log.info("eval: version %d, %d tasks released", version, len(tasks))
         deadline = time.monotonic() + cfg.timeout_s
         while not run.over() and time.monotonic() < deadline and not self._stop.is_set():
@@ -189,7 +190,7 @@ class EvalStage:
 
     async def publish(self, summary: EvalSummary, run: VersionEval) -> None:
         job, version = self.config.job, summary.version
-        await self.rt.producer.send_and_wait("eval.summaries", summary, key=str(version), policy_version=version)
+        await self.rt.producer.send_and_wait(EVAL_SUMMARIES, summary, key=str(version), policy_version=version)
         await unpin(self.rt.redis, self._prefix, job, PIN_SLOTS[0], version)
         self.done.add(version)
         self.seen.pop(version, None)
@@ -227,7 +228,7 @@ async def run_eval(config: RollartConfig, stop: StopRequest) -> None:
         async with open_runtime(config, client_id=member) as rt:
             stage = EvalStage(rt, trackers)
             await stage.recover()
-            results = rt.consumer_loop("eval", ["eval.results"], stage.handle, ordering="none")
+            results = rt.consumer_loop("eval", [EVAL_RESULTS], stage.handle, ordering="none")
             stop.on_request(stage.stop)
             stop.on_request(results.stop)
             watcher = asyncio.create_task(watch_versions(rt, f"{member}-versions", stage.on_announcement))

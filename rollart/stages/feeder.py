@@ -30,6 +30,7 @@ from rollart.runtime import Runtime, open_runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.state.admission import starving_key
 from rollart.names import RedisKeys
+from rollart.names import TASKS
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class Feeder:
             return int(raw)
         count = 0
         prefix = f"{self.config.job}-g"
-        async for record in read_to_end(self.config, self.rt.endpoints, self.rt.producer.names.physical("tasks")):
+        async for record in read_to_end(self.config, self.rt.endpoints, self.rt.producer.names.physical(TASKS)):
             key = (record.key or b"").decode(errors="replace")
             if key.startswith(prefix) and key[len(prefix):].isdigit():
                 count = max(count, int(key[len(prefix):]) + 1)
@@ -133,7 +134,7 @@ class Feeder:
         at a time.)"""
         try:  # nothing released yet (a new job): nothing to read
             rows = await asyncio.wait_for(consumer_lag(self.config, self.rt.endpoints), 30) if released else []
-            running = min(released, sum(r.lag for r in rows if r.group == "env" and r.topic == "tasks"))
+            running = min(released, sum(r.lag for r in rows if r.group == "env" and r.topic == TASKS))
         except Exception as exc:  # noqa: BLE001 - e.g. no ACL to read the env group's offsets, or a timeout
             log.warning("admission counters lost and the env group's offsets unreadable (%s): counting every "
                         "released group as running", exc)
@@ -207,7 +208,7 @@ class Feeder:
                 await self._pause(cfg.poll_interval_s)
                 continue
             task = replace(self.task(n), admitted_version=version)
-            await self.rt.producer.send_and_wait("tasks", task, key=task.group_id, policy_version=version)
+            await self.rt.producer.send_and_wait(TASKS, task, key=task.group_id, policy_version=version)
             await self.rt.redis.set(self.counter_key, n + 1)
             RELEASED.labels(self.config.job, task.tag).inc()
             released += 1

@@ -27,6 +27,7 @@ from rollart.messages import Abort, Envelope, GenerationRequest
 from rollart.runtime import Runtime, open_runtime
 from rollart.state import PoolRegistry
 from rollart.weights.follower import WeightFollower
+from rollart.names import ENV_ACTIONS, REWARDS_JUDGE, gen_requests
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ LATENCY = Histogram("rollart_generation_request_latency_seconds", "Time to gener
 RUNNING = Gauge("rollart_generation_running_requests", "Requests inside the engine", ("job", "pool"))
 
 
-REPLY_TOPICS = frozenset({"env.actions", "rewards.judge"})  # where a request may ask for its result
+REPLY_TOPICS = frozenset({ENV_ACTIONS, REWARDS_JUDGE})  # where a request may ask for its result
 
 
 def member_id(pool: str) -> str:
@@ -108,7 +109,7 @@ def generation_loop(rt: Runtime, stage: GenerationStage):
     finished, so after a crash they would spare at most the last commit interval's requests, at the price
     of two Redis round trips on every turn."""
     config = rt.config
-    return rt.consumer_loop(f"gen-{stage.pool}", [f"gen.requests.{stage.pool}"], stage.handle, ordering="none",
+    return rt.consumer_loop(f"gen-{stage.pool}", [gen_requests(stage.pool)], stage.handle, ordering="none",
                             dedup=False,
                             max_in_flight=config.generation.max_concurrency,
                             fetch_max_wait_ms=config.generation.fetch_max_wait_ms)

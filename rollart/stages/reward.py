@@ -37,6 +37,7 @@ from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.runtime import Runtime, open_runtime, run_in_order
 from rollart.stages.feeder import sources_from, task_spec
+from rollart.names import EVAL_RESULTS, REWARDS_JUDGE, REWARDS_RESULTS, TASKS, TRAJECTORIES_COMPLETED
 
 LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
                     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
@@ -55,7 +56,7 @@ class RewardBridge:
         self.scorer = LocalScorer(chat)
         self.sources = sources_from(self.config) if self.config.tags else []  # to rebuild a task to replace
         judges = [t.reward for t in self.config.tags.values() if t.reward.type == "judge"]
-        self.judge = ReplyChannel(runtime, "rewards.judge", timeout_s=max(j.timeout_s for j in judges)) \
+        self.judge = ReplyChannel(runtime, REWARDS_JUDGE, timeout_s=max(j.timeout_s for j in judges)) \
             if judges else None
 
     async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
@@ -89,7 +90,7 @@ class RewardBridge:
         if task is not None:
             REPLACEMENTS.labels(self.config.job, trajectory.tag).inc()
         return [(results_topic(trajectory.eval_version), failed, trajectory.group_id),
-                *([("tasks", task, task.group_id)] if task is not None else [])]
+                *([(TASKS, task, task.group_id)] if task is not None else [])]
 
     async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
         if spec.type != "judge":
@@ -109,7 +110,7 @@ class RewardBridge:
         def build(partition: int, attempt: int) -> GenerationRequest:
             return GenerationRequest(traj_id=trajectory.traj_id, turn=0, attempt=attempt, episode=episode,
                                      group_id=trajectory.group_id, tag=trajectory.tag, pool=spec.pool,
-                                     prompt_ids=prompt_ids, reply_partition=partition, reply_topic="rewards.judge",
+                                     prompt_ids=prompt_ids, reply_partition=partition, reply_topic=REWARDS_JUDGE,
                                      sampling=sampling, created_at=time.time())
 
         try:
@@ -128,7 +129,7 @@ class RewardBridge:
 
 def results_topic(eval_version: int | None) -> str:
     """Scores of eval trajectories go to the eval stage, never to the trainer."""
-    return "rewards.results" if eval_version is None else "eval.results"
+    return REWARDS_RESULTS if eval_version is None else EVAL_RESULTS
 
 
 def replacement_task(config: RollartConfig, sources, trajectory: CompletedTrajectory) -> TaskSpec | None:
@@ -150,7 +151,7 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
     # Enough in flight that every tag's endpoint can use its whole concurrency at once.
     config = rt.config
     in_flight = sum(max(s.reward.concurrency, 1) for s in config.tags.values()) or 16
-    scoring = rt.consumer_loop("reward", ["trajectories.completed"], bridge.handle, ordering="none",
+    scoring = rt.consumer_loop("reward", [TRAJECTORIES_COMPLETED], bridge.handle, ordering="none",
                                max_in_flight=in_flight, transactional=True)
     return scoring, bridge.judge.consumer_loop("reward-judge") if bridge.judge is not None else None
 

@@ -35,6 +35,7 @@ from rollart.training.checkpoint import CheckpointStore, TrainerState
 from rollart.weights import WeightPublisher, make_transport
 from rollart.state.admission import AdmissionCounters, starving_key
 from rollart.weights.follower import pulling_versions
+from rollart.names import REWARDS_RESULTS
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +357,7 @@ def _torch_threads() -> int | None:
 
 def trainer_loop(rt: Runtime, stage: TrainerStage):
     # Every buffered sample is in flight until settled: max_in_flight is the buffer bound.
-    loop = rt.consumer_loop("trainer", ["rewards.results"], stage.handle, ordering="none", dedup=False,
+    loop = rt.consumer_loop("trainer", [REWARDS_RESULTS], stage.handle, ordering="none", dedup=False,
                             max_in_flight=stage.max_in_flight, drain_timeout_s=0.0,
                             on_revoke=stage.forget_revoked)
     stage.consumer = loop

@@ -135,7 +135,9 @@ class AdmissionCounters:
 
     async def snapshot(self) -> AdmissionSnapshot:
         raw = await self.redis.hgetall(self.key)
-        get = lambda name: int(raw.get(name.encode(), 0))  # noqa: E731
+        def get(name: str) -> int:
+            return int(raw.get(name.encode(), 0))
+
         return AdmissionSnapshot(get("accepted"), get("running"), get("admitted"), get("dropped"),
                                  float(raw.get(b"finished_at", 0)))
 

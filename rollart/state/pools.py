@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 from redis.asyncio import Redis
 
@@ -59,7 +59,8 @@ class PoolRegistry:
         return {pool: await self.live_members(pool) for pool in pools}
 
     @contextlib.asynccontextmanager
-    async def membership(self, pool: str, member: str, *, ttl_s: float = 10.0, info: dict[str, Any] | None = None):
+    async def membership(self, pool: str, member: str, *, ttl_s: float = 10.0,
+                         info: dict[str, Any] | None = None) -> AsyncIterator[None]:
         """Heartbeat every ``ttl_s / 3`` while the block runs; leave on exit."""
         await self.heartbeat(pool, member, ttl_s=ttl_s, info=info)
 

@@ -21,8 +21,9 @@ from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement, WeightManifest
 from rollart.names import RedisKeys
+from rollart.names import POLICY_VERSIONS
 
-VERSIONS_TOPIC = "policy.versions"
+VERSIONS_TOPIC = POLICY_VERSIONS
 
 # Raise the cached version to ARGV[1] unless it already is at least that high.
 _SET_MAX = """

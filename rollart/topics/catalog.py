@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rollart.config import ConfigError, RollartConfig, format_validation_error
 from rollart.messages import MESSAGE_KINDS
+from rollart.names import DLQ_SUFFIX  # noqa: F401 - re-exported (rollart.topics)
 
-DLQ_SUFFIX = ".dlq"
 KIND_BY_NAME = {k.KIND: k for k in MESSAGE_KINDS}
 REPO_TOPICS_DIR = Path(__file__).resolve().parents[2] / "topics"
 

@@ -29,6 +29,7 @@ from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncem
 from rollart.weights.publish import pull_version
 from rollart.weights.transport import make_transport
 from rollart.names import LOADS_KEPT, RedisKeys
+from rollart.names import POLICY_VERSIONS
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ async def watch_versions(rt, client_id: str, seen: Callable[[VersionAnnouncement
                                 **kafka_client_kwargs(config.kafka, rt.endpoints.kafka_bootstrap))
     await consumer.start()
     try:
-        tps = await topic_partitions(consumer, rt.producer.names.physical("policy.versions"))
+        tps = await topic_partitions(consumer, rt.producer.names.physical(POLICY_VERSIONS))
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, 0)
