@@ -213,7 +213,31 @@ class RewardSpec(Section):
             raise ValueError("type rule needs a rule name (rule: math_answer or format)")
         if self.type == "python" and self.function is None:
             raise ValueError("type python needs a function ('package.module:fn')")
+        if self.type == "http":
+            reward_url_problem = _reward_url_problem(self.url, self.allow_insecure_remote)
+            if reward_url_problem:
+                raise ValueError(reward_url_problem)
         return self
+
+
+def _reward_url_problem(url: str | None, allow_insecure_remote: bool) -> str | None:
+    """Why an http reward's url cannot be used, or None (plain HTTP only to loopback unless allowed)."""
+    import ipaddress
+    from urllib.parse import urlparse
+
+    if not url:
+        return "type http needs a url"
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https"):
+        return f"reward url {url!r} must be http(s)"
+    host = parsed.hostname
+    try:
+        loopback = host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
+    except ValueError:
+        loopback = False
+    if parsed.scheme == "http" and not loopback and not allow_insecure_remote:
+        return f"refusing plain HTTP to {host}: use https or set allow_insecure_remote"
+    return None
 
 
 class DatasetSpec(Section):

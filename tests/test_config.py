@@ -83,3 +83,18 @@ def test_a_bad_job_on_the_command_line_exits_2_naming_it():
     result = CliRunner().invoke(app, ["lag", "--job", "a.b"])
     assert result.exit_code == 2
     assert "job: String should match pattern" in result.output
+
+
+@pytest.mark.parametrize("reward, problem", [
+    ({"type": "http"}, "type http needs a url"),
+    ({"type": "http", "url": "ftp://rewards.example/score"}, "reward url .ftp://rewards.example/score. must be http"),
+    ({"type": "http", "url": "http://rewards.example/score"}, "refusing plain HTTP to rewards.example"),
+])
+def test_an_unusable_http_reward_fails_at_config_load_naming_the_tag(reward, problem):
+    from rollart.config import build_config
+
+    with pytest.raises(ConfigError, match=rf"tags\.web\.reward: Value error, {problem}"):
+        build_config({"tags": {"web": {"env": "frozenlake", "reward": reward}}})
+    allowed = {**reward, "allow_insecure_remote": True}
+    if problem.startswith("refusing"):
+        assert build_config({"tags": {"web": {"env": "frozenlake", "reward": allowed}}}).tags["web"].reward.url

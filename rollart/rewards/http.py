@@ -11,13 +11,11 @@ host that is not loopback is refused unless the spec allows it.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
-from urllib.parse import urlparse
 
 import aiohttp
 
-from rollart.config import RewardSpec
+from rollart.config import RewardSpec, _reward_url_problem
 
 
 class RewardCallFailed(RuntimeError):
@@ -28,23 +26,11 @@ class RewardCallFailed(RuntimeError):
         self.transient = transient
 
 
-def _is_loopback(host: str | None) -> bool:
-    if host in ("localhost", None):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_url(spec: RewardSpec) -> str:
-    if not spec.url:
-        raise ValueError("an http reward needs a url")
-    parsed = urlparse(spec.url)
-    if parsed.scheme not in ("http", "https"):
-        raise ValueError(f"reward url {spec.url!r} must be http(s)")
-    if parsed.scheme == "http" and not _is_loopback(parsed.hostname) and not spec.allow_insecure_remote:
-        raise ValueError(f"refusing plain HTTP to {parsed.hostname}: use https or set allow_insecure_remote")
+    """The spec's url (RewardSpec's validator refuses one that cannot be used, at config load)."""
+    problem = _reward_url_problem(spec.url, spec.allow_insecure_remote)
+    if problem or spec.url is None:
+        raise ValueError(problem or "an http reward needs a url")
     return spec.url
 
 

@@ -157,16 +157,14 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
 
 
 def check_rewards(config: RollartConfig) -> None:
-    """Fail at start-up, naming the tag, not on the first trajectory: an http reward's url, a python
-    reward's import (the function is loaded here, so an import error says which tag)."""
-    from rollart.rewards.http import check_url
+    """Fail at start-up, naming the tag, not on the first trajectory: a python reward's import (the
+    function is loaded here, so an import error says which tag). An http reward's url is checked
+    where the config is validated (RewardSpec)."""
     from rollart.rewards.python import load_reward_function
 
     for tag, spec in config.tags.items():
         try:
-            if spec.reward.type == "http":
-                check_url(spec.reward)
-            elif spec.reward.type == "python":
+            if spec.reward.type == "python":
                 load_reward_function(spec.reward.function)
         except ValueError as exc:
             raise ConfigError(f"tags.{tag}.reward: {exc}") from None
