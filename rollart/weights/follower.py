@@ -28,8 +28,7 @@ from rollart.endpoints import kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement
 from rollart.weights.publish import pull_version
 from rollart.weights.transport import make_transport
-from rollart.names import LOADS_KEPT, RedisKeys
-from rollart.names import POLICY_VERSIONS
+from rollart.names import LOADS_KEPT, POLICY_VERSIONS, RedisKeys
 
 log = logging.getLogger(__name__)
 
