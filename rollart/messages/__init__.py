@@ -6,6 +6,7 @@ from rollart.messages.kinds import (
     MESSAGE_KINDS,
     REPLACEMENT_MARK,
     Abort,
+    BucketDelta,
     CompletedTrajectory,
     EvalSummary,
     EvalTagResult,
@@ -22,6 +23,7 @@ from rollart.messages.kinds import (
 
 __all__ = [
     "Abort",
+    "BucketDelta",
     "Codec",
     "CompletedTrajectory",
     "EvalSummary",

@@ -247,11 +247,29 @@ class ScoredTrajectory:
         return f"score:{self.trajectory.traj_id}"
 
 
+Digest = Annotated[str, msgspec.Meta(max_length=128)]  # hex; "" where the publisher wrote none
+
+
+@dataclass(frozen=True, slots=True)
+class BucketDelta:
+    """A changed bucket's bytes XOR its previous content (``base_digest``), compressed (``codec``)."""
+
+    key: Name
+    nbytes: NonNegInt
+    base_digest: Digest
+    codec: Name = "xor+zlib"
+
+
 @dataclass(frozen=True, slots=True)
 class WeightBucket:
-    key: Name  # where the bucket lies in the transport (Mooncake key, file name, Redis key)
+    # Where the bucket's full bytes lie in the transport (Mooncake key, file name, Redis key). Always
+    # the full bytes, so a reader that knows nothing of deltas pulls every version whole. A bucket that
+    # did not change keeps the key of the version that wrote it (buckets are shared between versions).
+    key: Name
     nbytes: NonNegInt
     tensors: Annotated[tuple[Name, ...], msgspec.Meta(max_length=1 << 16)] = ()
+    digest: Digest = ""  # of the full bytes (weights.sync: delta)
+    delta: BucketDelta | None = None  # the cheaper way to the full bytes for a reader holding the base
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +279,7 @@ class WeightManifest:
     buckets: Annotated[tuple[WeightBucket, ...], msgspec.Meta(max_length=1 << 16)] = ()
     total_bytes: NonNegInt = 0
     dtype: Name = ""
+    digest: Digest = ""  # of the whole version: over the buckets' digests in order (weights.sync: delta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +287,7 @@ class VersionAnnouncement:
     """The trainer published new weights: ``version`` is now current. Compacted, keyed by job."""
 
     KIND: ClassVar[str] = "VersionAnnouncement"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 0)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 1)  # 1.1: bucket and version digests, bucket deltas
 
     job: Id
     version: Version
