@@ -116,6 +116,23 @@ class WeightsConfig(Section):
     fs_root: Path | None = None  # fs transport: a directory all stages share (None: $ROLLART_HOME/weights)
     bucket_bytes: int = Field(default=32 << 20, ge=1 << 16)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # full: every version writes and every follower pulls every bucket. delta: a bucket whose content
+    # did not change is not written again (the new manifest names the old key) nor pulled (a follower
+    # keeps the version it holds on local disk); every bucket and the version carry a digest.
+    sync: Literal["full", "delta"] = "full"
+    # delta sync: a changed bucket is also written as XOR against its previous bytes, compressed, when
+    # that is at most delta_max_ratio of the bucket (a follower holding the previous bytes pulls that)
+    delta_encoding: bool = True
+    delta_compression: Literal["zlib", "lzma"] = "zlib"  # zlib: fast; lzma: smaller, ~10x slower
+    delta_max_ratio: float = Field(default=0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _delta_options_need_delta_sync(self) -> "WeightsConfig":
+        # a delta option set under full sync would silently do nothing: say so instead
+        ignored = sorted(self.model_fields_set & {"delta_encoding", "delta_compression", "delta_max_ratio"})
+        if self.sync == "full" and ignored:
+            raise ValueError(f"weights.{ignored[0]} is set but weights.sync is full: deltas need sync: delta")
+        return self
 
 
 class TrainerConfig(Section):
