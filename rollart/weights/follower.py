@@ -6,6 +6,10 @@ staging directory while the engine keeps generating, then calls the engine's ``l
 (pause → load → resume). Announcements that arrive during a pull are not queued: the next pull
 takes the newest. The pull and the exposed pause are timed separately (metrics and a per-job Redis
 list the run report reads).
+
+Under ``weights.sync: delta`` (the manifest carries digests) the follower keeps the version it last
+loaded in its staging directory: the next pull links the buckets that did not change and rebuilds
+changed ones from deltas, pulling whole only what it cannot rebuild (a version it missed, a bad delta).
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from rollart.bus.reader import topic_partitions
 from rollart.endpoints import kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement
-from rollart.weights.publish import pull_version
+from rollart.weights.publish import PullResult, StagedVersion, pull_version, sync_version
 from rollart.weights.transport import make_transport
 from rollart.names import LOADS_KEPT, POLICY_VERSIONS, RedisKeys
 
@@ -39,6 +43,11 @@ PULL_SECONDS = Histogram("rollart_generation_weight_pull_seconds",
 LOAD_SECONDS = Histogram("rollart_generation_weight_load_seconds",
                          "Exposed engine pause to load one version (pause, load, resume)", ("job", "pool"),
                          buckets=_BUCKETS)
+PULLED_BYTES = Counter("rollart_generation_weight_pulled_bytes", "Bytes read from the weight transport",
+                       ("job", "pool"))
+BUCKETS_SYNCED = Counter("rollart_generation_weight_buckets_total", "Buckets staged, by how: reused (held "
+                         "already), delta (rebuilt), whole (pulled), fallback (a delta not applied)",
+                         ("job", "pool", "how"))
 LOADED_VERSION = Gauge("rollart_generation_policy_version", "Policy version the engine holds", ("job", "pool"))
 
 
@@ -93,6 +102,21 @@ async def pull_and_load(engine, transport, announcement: VersionAnnouncement, st
     return pull_s, load_s
 
 
+async def stage_version(transport, announcement: VersionAnnouncement, staging: Path,
+                        base: StagedVersion | None) -> tuple[PullResult, StagedVersion | None, float]:
+    """Stage a version against ``base`` (in a thread); returns the pull, the base of the next pull (this
+    version when its manifest has digests, else none: a copy kept for nothing) and the pull seconds.
+    The older base is removed once this version is staged (its unchanged buckets are linked)."""
+    manifest = announcement.manifest
+    started = time.perf_counter()
+    pulled = await asyncio.to_thread(sync_version, transport, manifest, announcement.version, staging, base)
+    pull_s = time.perf_counter() - started
+    if base is not None and base.directory != pulled.directory:
+        shutil.rmtree(base.directory, ignore_errors=True)
+    keep = StagedVersion(announcement.version, pulled.directory, manifest) if manifest.digest else None
+    return pulled, keep, pull_s
+
+
 async def watch_versions(rt, client_id: str, seen: Callable[[VersionAnnouncement], Awaitable[None]]) -> None:
     """Call ``seen`` with every announcement of the job on ``policy.versions``, from the start of the log
     and then as they come (outside any consumer group: every reader needs every announcement); runs
@@ -134,6 +158,7 @@ class WeightFollower:
         self._changed = asyncio.Condition()
         self._transport = None
         self._stop = asyncio.Event()
+        self._base: StagedVersion | None = None  # the version staged last (delta sync's base)
 
     @property
     def version(self) -> int:
@@ -195,15 +220,30 @@ class WeightFollower:
                                  json.dumps({"version": version, "until": time.time() + PULL_MARK_TTL_S}))
         if self._transport is None:
             self._transport = await asyncio.to_thread(make_transport, self.config.weights, self.rt.endpoints)
-        pull_s, load_s = await pull_and_load(self.engine, self._transport, announcement, self.staging)
+        # the new base is set before the load: a failed load retries from it (nothing to pull again)
+        pulled, self._base, pull_s = await stage_version(self._transport, announcement, self.staging, self._base)
+        try:
+            load_s = await self.engine.load_weights(pulled.directory, version)
+        finally:
+            if self._base is None:
+                shutil.rmtree(pulled.directory, ignore_errors=True)
         await self.rt.redis.hdel(pulling_key(prefix, job), self.member)
-        PULL_SECONDS.labels(*self.labels).observe(pull_s)
-        LOAD_SECONDS.labels(*self.labels).observe(load_s)
-        LOADED_VERSION.labels(*self.labels).set(version)
+        self._observe(pulled, pull_s, load_s, version)
         await record_load(self.rt.redis, loads_key(prefix, job), {
             "member": self.member, "pool": self.pool, "version": version, "pull_s": round(pull_s, 6),
             "load_s": round(load_s, 6), "bytes": announcement.manifest.total_bytes,
-            "lag_s": round(time.time() - announcement.published_at, 6)})
+            "pulled_bytes": pulled.pulled_bytes, "reused": pulled.reused, "deltas": pulled.deltas,
+            "fallbacks": pulled.fallbacks, "lag_s": round(time.time() - announcement.published_at, 6)})
         async with self._changed:
             self._changed.notify_all()
-        log.info("%s: loaded version %d (pull %.3fs, pause %.3fs)", self.member, version, pull_s, load_s)
+        log.info("%s: loaded version %d (pull %.3fs, %d bytes; pause %.3fs)", self.member, version, pull_s,
+                 pulled.pulled_bytes, load_s)
+
+    def _observe(self, pulled: PullResult, pull_s: float, load_s: float, version: int) -> None:
+        PULL_SECONDS.labels(*self.labels).observe(pull_s)
+        LOAD_SECONDS.labels(*self.labels).observe(load_s)
+        LOADED_VERSION.labels(*self.labels).set(version)
+        PULLED_BYTES.labels(*self.labels).inc(pulled.pulled_bytes)
+        for how, count in (("reused", pulled.reused), ("delta", pulled.deltas), ("whole", pulled.whole),
+                           ("fallback", pulled.fallbacks)):
+            BUCKETS_SYNCED.labels(*self.labels, how).inc(count)
