@@ -285,6 +285,9 @@ class TrainerStage:
         self.checkpoints.append_record({"event": "publish", "step": step, "version": self.version,
                                         "publish_s": round(elapsed, 6), "put_s": round(put_s, 6),
                                         "bytes": manifest.total_bytes, "transport": manifest.transport,
+                                        "written_bytes": self.publisher.last.written_bytes,
+                                        "changed_buckets": self.publisher.last.changed,
+                                        "buckets": self.publisher.last.buckets,
                                         "time": time.time()})
         return elapsed
 
@@ -420,8 +423,7 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
     pad_id = AutoTokenizer.from_pretrained(str(config.model.path)).pad_token_id
     async with open_runtime(config, client_id="trainer") as rt:
         transport = await asyncio.to_thread(make_transport, config.weights, rt.endpoints)
-        publisher = WeightPublisher(transport, config.job, bucket_bytes=config.weights.bucket_bytes,
-                                    dtype=config.weights.dtype)
+        publisher = WeightPublisher.from_config(transport, config.job, config.weights)
         writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer,
                                token=writer_token(checkpoints, resume))
         await writer.acquire()
