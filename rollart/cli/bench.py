@@ -55,6 +55,17 @@ def run_benchmark(config_path: Path | None, out: Path | None, measure: Callable[
     return result
 
 
+def _weight_sync_overlap(config: Path | None, out: Path | None, versions: int, hidden: int, layers: int) -> None:
+    """Exposed weight-sync time per step: background pull through Mooncake vs a blocking push."""
+    from rollart.bench.weight_sync import bench_weight_sync
+
+    result = run_benchmark(config, out, bench_weight_sync, ["mode", "pull_s", "load_s", "exposed_s", "versions"],
+                           "blocking exposed over background exposed", versions=versions, hidden=hidden,
+                           layers=layers)
+    console.print(f"share of the sync hidden behind generation: {result['hidden_share']:.0%} "
+                  f"({result['bytes_per_version'] / 2**20:.0f} MiB per version)")
+
+
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("traj-vs-batch")
     def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
@@ -144,15 +155,35 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("weight-sync")
     def weight_sync_cmd(config: ConfigOption = None, out: OutOption = None, versions: int = 6,
                         hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 768,
-                        layers: int = 12, broker: BrokerOption = None) -> None:
-        """Exposed weight-sync time per step: background pull through Mooncake vs a blocking push."""
-        from rollart.bench.weight_sync import bench_weight_sync
+                        layers: int = 12, broker: BrokerOption = None,
+                        compare: Annotated[str, typer.Option(
+                            help="delta: full vs delta sync, bytes and seconds per version (no engine); overlap: "
+                                 "background pull vs blocking push with a vLLM engine under load.")] = "delta",
+                        dtype: Annotated[str, typer.Option(help="delta: the published dtype.")] = "bfloat16",
+                        lr: Annotated[float, typer.Option(help="delta: the simulated optimiser step.")] = 1e-6,
+                        transport: Annotated[str, typer.Option(
+                            help="delta: auto (Mooncake when the stack has one) | mooncake | fs.")] = "auto") -> None:
+        """Weight sync: full vs delta (bytes moved, seconds, weights changed), or background vs blocking."""
+        if compare == "overlap":
+            return _weight_sync_overlap(config, out, versions, hidden, layers)
+        from rollart.bench.delta_sync import bench_delta_sync
+        from rollart.weights.publish import WEIGHT_DTYPES
 
-        result = run_benchmark(config, out, bench_weight_sync, ["mode", "pull_s", "load_s", "exposed_s", "versions"],
-                               "blocking exposed over background exposed", versions=versions, hidden=hidden,
-                               layers=layers)
-        console.print(f"share of the sync hidden behind generation: {result['hidden_share']:.0%} "
-                      f"({result['bytes_per_version'] / 2**20:.0f} MiB per version)")
+        if compare != "delta" or transport not in ("auto", "mooncake", "fs") or dtype not in WEIGHT_DTYPES:
+            Console(stderr=True).print(f"[red]--compare is delta or overlap, --transport auto, mooncake or fs, "
+                                       f"--dtype one of {', '.join(WEIGHT_DTYPES)}[/red]")
+            raise typer.Exit(2)
+
+        result = run_benchmark(config, out, bench_delta_sync,
+                               ["mode", "version", "bytes", "written_bytes", "seconds", "publish_s", "pull_s",
+                                "changed_fraction"], "full seconds over delta seconds per version",
+                               versions=versions, hidden=hidden, layers=layers, dtype=dtype, lr=lr, transport=transport)
+        for mode, figures in result["summary"].items():
+            console.print(f"{mode:>5}: {figures['seconds']:.3f} s, {figures['bytes'] / 2**20:.2f} MiB pulled, "
+                          f"{figures['written_bytes'] / 2**20:.2f} MiB written per version (median)")
+        console.print(f"delta pulls {result['bytes_ratio']:.1f}x fewer bytes; {result['changed_fraction']:.1%} of the "
+                      f"weights changed per step ({result['version_bytes'] / 2**20:.0f} MiB per version, "
+                      f"{result['dtype']}, through {result['transport']})")
 
     @bench_app.command("serverless-reward")
     def serverless_reward_cmd(config: ConfigOption = None, out: OutOption = None, bursts: int = 6, burst: int = 64,

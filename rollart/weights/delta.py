@@ -16,7 +16,6 @@ import zlib
 
 import numpy as np
 
-DIGEST_BYTES = 16  # blake2b-128: an integrity check against corrupt or mismatched bytes, not an attacker
 DELTA_CODECS = {"zlib": "xor+zlib", "lzma": "xor+lzma"}  # weights.delta_compression -> BucketDelta.codec
 ZLIB_LEVEL = 1  # deltas are mostly zero bytes: level 1 gets nearly all of it, several times faster than 6
 LZMA_PRESET = 1
@@ -27,12 +26,13 @@ class DeltaError(ValueError):
 
 
 def bucket_digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).hexdigest()
+    # sha256: with the CPU's SHA instructions (x86 SHA-NI, ARMv8) about twice as fast as blake2b
+    return hashlib.sha256(data).hexdigest()
 
 
 def version_digest(bucket_digests: list[str]) -> str:
     """The whole version's digest: over its buckets' digests in bucket order."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h = hashlib.sha256()
     for digest in bucket_digests:
         h.update(bytes.fromhex(digest))
     return h.hexdigest()
@@ -41,7 +41,8 @@ def version_digest(bucket_digests: list[str]) -> str:
 def xor_bytes(a: bytes, b: bytes) -> bytes:
     if len(a) != len(b):
         raise DeltaError(f"XOR of {len(a)} and {len(b)} bytes: a delta needs the same bucket layout")
-    return np.bitwise_xor(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)).tobytes()
+    word = np.uint64 if len(a) % 8 == 0 else np.uint8  # 8 bytes at a time: a few times faster
+    return np.bitwise_xor(np.frombuffer(a, word), np.frombuffer(b, word)).tobytes()
 
 
 def encode_delta(base: bytes, new: bytes, compression: str) -> bytes:

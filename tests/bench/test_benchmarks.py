@@ -134,3 +134,39 @@ def test_time_to_quality_finds_the_first_window_at_the_target():
     assert never["seconds_to_target"] is None and never["steps_to_target"] is None
     with pytest.raises(ValueError, match="no training steps"):
         time_to_target([{"event": "publish"}], 0.0, target=0.9, window=1)
+
+
+def _assert_full_vs_delta_rows(data: dict, versions: int) -> None:
+    rows = data["rows"]
+    assert [(r["mode"], r["version"]) for r in rows] == [(m, v) for v in range(1, versions + 2) for m in ("full", "delta")]
+    for row in rows:
+        assert isinstance(row["bytes"], int) and row["seconds"] > 0 and row["bytes"] <= row["version_bytes"]
+    assert rows[0]["bytes"] == rows[1]["bytes"] == data["version_bytes"], "the first version is whole in both modes"
+    for full, delta in zip(rows[2::2], rows[3::2]):
+        assert full["bytes"] == full["written_bytes"] == data["version_bytes"]
+        # few bf16 weights change per step: the delta puller reads a small share of the version
+        assert 0 < full["changed_fraction"] == delta["changed_fraction"] < 0.2
+        assert 0 < delta["bytes"] < full["bytes"] / 3 and delta["deltas"] > 0 and delta["fallbacks"] == 0
+    assert data["bytes_ratio"] > 3 and 0 < data["changed_fraction"] < 0.2
+
+
+def test_weight_sync_full_vs_delta_rows_in_process(tmp_path):
+    """The measurement on a filesystem transport: no stack needed."""
+    from rollart.bench.delta_sync import _measure
+    from rollart.config import build_config
+
+    data = _measure(build_config({}), tmp_path, 2, 64, 2, "bfloat16", 1e-6, "fs", 1 << 16)
+    assert data["transport"] == "fs" and isinstance(data["speedup"], float)
+    _assert_full_vs_delta_rows(data, versions=2)
+
+
+def test_weight_sync_cli_compares_full_and_delta_through_mooncake(tmp_path, stack, tiny_model):
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"mooncake": {"master": stack.mooncake_master,
+                                                "metadata_server": stack.mooncake_metadata}}))
+    data = bench(tmp_path, stack, tiny_model, "weight-sync", "--versions", "2", "--hidden", "64", "--layers", "2",
+                 "--transport", "mooncake", "--config", str(job))
+    assert data["transport"] == "mooncake" and data["compare"] == "delta"
+    _assert_full_vs_delta_rows(data, versions=2)
