@@ -67,7 +67,7 @@ class WeightPublisher:
     dtype: str = "float32"
     sync: str = "full"  # weights.sync
     delta_encoding: bool = True
-    compression: str = "zlib"
+    codec: str = "sparse"  # weights.delta_codec
     delta_max_ratio: float = 0.5
     published: dict[int, WeightManifest] = field(default_factory=dict)
     last: PublishStats = field(default_factory=PublishStats)
@@ -79,7 +79,7 @@ class WeightPublisher:
     def from_config(cls, transport: WeightTransport, job: str, weights) -> WeightPublisher:
         """A publisher set up by the job's ``weights`` section."""
         return cls(transport, job, bucket_bytes=weights.bucket_bytes, dtype=weights.dtype, sync=weights.sync,
-                   delta_encoding=weights.delta_encoding, compression=weights.delta_compression,
+                   delta_encoding=weights.delta_encoding, codec=weights.delta_codec,
                    delta_max_ratio=weights.delta_max_ratio)
 
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[WeightManifest, float]:
@@ -118,7 +118,7 @@ class WeightPublisher:
         bucket = self._put_whole(version, index, names, data, digest)
         if base is None or not self.delta_encoding:
             return bucket
-        encoded = encode_delta(base, data, self.compression)
+        encoded = encode_delta(base, data, self.codec)
         if len(encoded) > self.delta_max_ratio * len(data):
             return bucket  # most weights changed: rebuilding would cost more than it saves
         key = delta_key(self.job, version, index)
@@ -127,7 +127,7 @@ class WeightPublisher:
         self.last.written_bytes += len(encoded)
         return WeightBucket(key=bucket.key, nbytes=bucket.nbytes, tensors=names, digest=digest,
                             delta=BucketDelta(key=key, nbytes=len(encoded), base_digest=previous.digest,
-                                              codec=DELTA_CODECS[self.compression]))
+                                              codec=DELTA_CODECS[self.codec]))
 
     def _previous_bucket(self, index: int, names: tuple[str, ...], nbytes: int) -> tuple[WeightBucket | None,
                                                                                          bytes | None]:

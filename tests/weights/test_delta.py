@@ -14,7 +14,7 @@ from rollart.config import ConfigError, build_config
 from rollart.messages import Codec, VersionAnnouncement, WeightManifest
 from rollart.weights import FsTransport, WeightPublisher, WeightTransportError, read_staged
 from rollart.weights.buckets import pack_buckets
-from rollart.weights.delta import DeltaError, decode_delta, encode_delta
+from rollart.weights.delta import DELTA_CODECS, DeltaError, decode_delta, encode_delta
 from rollart.weights.publish import StagedVersion, manifest_keys, sync_version
 
 BUCKET_BYTES = 16_400  # three buckets: two 64x32 float32 weights (8 KiB each), two more, the bias
@@ -100,11 +100,11 @@ def test_xor_delta_round_trips_bit_exactly(dtype):
     new["layer0.weight"].view(-1)[:6] = special  # NaN, signed zero, infinities and a subnormal survive
     ((_, old_bytes),) = pack_buckets(base, bucket_bytes=1 << 30)
     ((_, new_bytes),) = pack_buckets(new, bucket_bytes=1 << 30)
-    for compression, codec in (("zlib", "xor+zlib"), ("lzma", "xor+lzma")):
-        encoded = encode_delta(old_bytes, new_bytes, compression)
-        assert len(encoded) < len(new_bytes) / 2
+    for name, codec in DELTA_CODECS.items():
+        encoded = encode_delta(old_bytes, new_bytes, name)
+        assert len(encoded) < len(new_bytes) / 2, name
         rebuilt = decode_delta(old_bytes, encoded, codec)
-        assert rebuilt == new_bytes
+        assert rebuilt == new_bytes, name
     from safetensors.torch import load
 
     restored = load(rebuilt)
@@ -130,8 +130,9 @@ def test_a_follower_that_skipped_a_version_pulls_whole_and_ends_bit_identical(tm
     _assert_bit_identical(skipped.directory, states[3])
 
 
-def test_a_corrupted_delta_is_caught_by_the_digest_and_the_bucket_pulled_whole(tmp_path):
-    publisher = _delta_publisher(tmp_path)
+@pytest.mark.parametrize("codec", ["sparse", "zlib"])
+def test_a_corrupted_delta_is_caught_by_the_digest_and_the_bucket_pulled_whole(tmp_path, codec):
+    publisher = _delta_publisher(tmp_path, codec=codec)
     v1 = _state()
     v2 = _nudge(v1, list(v1))
     m1, _ = publisher.publish(1, v1)
@@ -139,8 +140,8 @@ def test_a_corrupted_delta_is_caught_by_the_digest_and_the_bucket_pulled_whole(t
     (_, b1), (_, n1) = pack_buckets(v1, bucket_bytes=BUCKET_BYTES)[0], pack_buckets(v2, bucket_bytes=BUCKET_BYTES)[0]
     wrong = bytearray(n1)
     wrong[-1] ^= 1  # a well-formed delta of the wrong content: only the digest can tell
-    publisher.transport.put(m2.buckets[0].delta.key, encode_delta(b1, bytes(wrong), "zlib"))
-    publisher.transport.put(m2.buckets[1].delta.key, b"\x00not zlib")  # a delta that does not decompress
+    publisher.transport.put(m2.buckets[0].delta.key, encode_delta(b1, bytes(wrong), publisher.codec))
+    publisher.transport.put(m2.buckets[1].delta.key, b"\x00not a delta")  # a delta that does not decode
 
     follower = Follower(publisher.transport, tmp_path / "staging")
     follower.sync(m1, 1)
@@ -237,5 +238,6 @@ def test_delta_options_need_delta_sync():
         build_config({"weights": {"delta_max_ratio": 0.3}})
     with pytest.raises(ConfigError, match="delta_max_ratio"):
         build_config({"weights": {"sync": "delta", "delta_max_ratio": 0}})
-    weights = build_config({"weights": {"sync": "delta", "delta_compression": "lzma"}}).weights
-    assert (weights.sync, weights.delta_encoding, weights.delta_compression) == ("delta", True, "lzma")
+    weights = build_config({"weights": {"sync": "delta", "delta_codec": "lzma"}}).weights
+    assert (weights.sync, weights.delta_encoding, weights.delta_codec) == ("delta", True, "lzma")
+    assert WeightPublisher.from_config(FsTransport("/nonexistent"), "j", weights).codec == "lzma"
