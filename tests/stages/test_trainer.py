@@ -36,7 +36,7 @@ class Harness:
         self.transport = make_transport(self.config.weights, rt.endpoints)
         self.writer = VersionWriter(self.config, rt.endpoints, rt.redis, rt.producer)
         self.stage = TrainerStage(rt, self.backend, self.checkpoints,
-                                  WeightPublisher(self.transport, self.config.job, bucket_bytes=1 << 20),
+                                  WeightPublisher.from_config(self.transport, self.config.job, self.config.weights),
                                   self.writer, pad_id=0)
         self.stop = asyncio.Event()
 
@@ -66,7 +66,7 @@ async def trainer(endpoints, tmp_path, tiny_model, request):
 
     options = {"feeder": {"group_size": 2, "groups_per_batch": 2, "alpha": 1},
                "trainer": {"lr": 1e-2, "checkpoint_dir": str(tmp_path / "ckpt"), "micro_batch": 4},
-               "model": {"path": str(tiny_model)}}
+               "model": {"path": str(tiny_model)}, "weights": {"bucket_bytes": 1 << 20}}
     marker = request.node.get_closest_marker("trainer")
     for section, values in (marker.kwargs if marker else {}).items():
         options.setdefault(section, {}).update(values)
@@ -264,6 +264,47 @@ async def test_old_versions_are_collected_unless_a_consumer_is_pulling_them(trai
     await trainer.produce([scored(40 + g, m, reward=float(m), version=3, job=job) for g in range(2) for m in range(2)])
     await eventually(lambda: trainer.stage.version == 4, what="version 4")
     assert sorted(publisher.published) == [3, 4], "keep_versions = 2 once nobody pulls the old ones"
+
+
+@pytest.mark.trainer(weights={"sync": "delta", "bucket_bytes": 1 << 18})
+async def test_delta_sync_shares_unchanged_buckets_and_collects_them_once_unnamed(trainer, loops, tmp_path):
+    """weights.sync: delta through the test stack's Mooncake: a version whose weights did not change
+    writes nothing; a changed tensor rewrites its bucket only; a bucket key lives as long as a kept
+    version names it; a follower holding the previous version pulls only what changed."""
+    import torch
+
+    from rollart.weights import WeightTransportError, read_staged
+    from rollart.weights.publish import StagedVersion, manifest_keys, sync_version
+
+    stage, publisher, transport = trainer.stage, trainer.stage.publisher, trainer.transport
+    await trainer.start(loops)  # no samples come: the step loop waits, the versions are published here
+    for _ in range(3):  # versions 1-3 of the same weights (keep_versions = 2 keeps 2 and 3)
+        await stage.publish(step=0)
+    first, third = publisher.published.get(1), publisher.published[3]
+    assert first is None and sorted(publisher.published) == [2, 3]
+    assert publisher.last.written_bytes == 0 and all(b.key.split("/")[-2] == "v1" for b in third.buckets), \
+        "nothing rewritten: version 3 names version 1's buckets, kept alive though version 1 was collected"
+    staged = sync_version(transport, third, 3, tmp_path / "staging")
+    name = "model.layers.0.mlp.down_proj.weight"
+    with torch.no_grad():
+        trainer.backend.state_dict()[name].add_(1.0)
+    await stage.publish(step=1)
+    fourth = publisher.published[4]
+    changed = [b for b in fourth.buckets if name in b.tensors]
+    assert publisher.last.changed == 1 and changed[0].key.split("/")[-2] == "v4"
+    pulled = sync_version(transport, fourth, 4, tmp_path / "staging", StagedVersion(3, staged.directory, third))
+    assert (pulled.reused, pulled.deltas + pulled.whole) == (len(fourth.buckets) - 1, 1)
+    state = trainer.backend.state_dict()
+    for tensor_name, tensor in read_staged(pulled.directory):
+        assert torch.equal(tensor, state[tensor_name].to(tensor.dtype)), tensor_name
+    await stage.publish(step=2)  # version 5: collects 3, and with it the last name of the old bucket
+    (old_key,) = {b.key for b in third.buckets if name in b.tensors}
+    assert old_key not in manifest_keys(publisher.published[5])
+    await eventually(lambda: publisher.collect(4) is not None and 3 not in publisher.published, what="v3 collected")
+    with pytest.raises(WeightTransportError):
+        transport.get(old_key)
+    for key in manifest_keys(publisher.published[5]):
+        assert transport.get(key), key
 
 
 async def test_each_step_goes_to_the_configured_trackers(trainer, loops, tmp_path):
