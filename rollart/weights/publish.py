@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from rollart.weights.transport import WeightTransport, WeightTransportError
 log = logging.getLogger(__name__)
 
 WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ENCODE_THREADS = min(8, os.cpu_count() or 1)  # a trainer host's cores are idle while it publishes
 
 
 def bucket_key(job: str, version: int, index: int) -> str:
@@ -88,7 +90,12 @@ class WeightPublisher:
         packed = pack_buckets(state, bucket_bytes=self.bucket_bytes, dtype=WEIGHT_DTYPES[self.dtype])
         self.last = PublishStats(buckets=len(packed))
         if self.sync == "delta":
-            buckets = [self._put_changed(version, i, names, data) for i, (names, data) in enumerate(packed)]
+            # digests and deltas in threads (sha256, numpy and zlib release the GIL), ahead of the puts,
+            # which stay in order on this thread (a transport client need not be thread-safe)
+            with ThreadPoolExecutor(max_workers=ENCODE_THREADS, thread_name_prefix="weights-delta") as pool:
+                prepared = pool.map(self._prepare, range(len(packed)), packed)
+                buckets = [self._put_changed(version, i, names, data, *prep)
+                           for i, ((names, data), prep) in enumerate(zip(packed, prepared))]
             digest = version_digest([b.digest for b in buckets])
         else:
             buckets = [self._put_whole(version, i, names, data) for i, (names, data) in enumerate(packed)]
@@ -109,18 +116,27 @@ class WeightPublisher:
         self.last.written_bytes += len(data)
         return WeightBucket(key=key, nbytes=len(data), tensors=names, digest=digest)
 
-    def _put_changed(self, version: int, index: int, names: tuple[str, ...], data: bytes) -> WeightBucket:
-        """Delta sync: the bucket as the previous version's (unchanged), or written whole plus a delta."""
+    def _prepare(self, index: int, bucket: tuple[tuple[str, ...], bytes]) -> tuple[str, bytes | None]:
+        """A bucket's digest, and its delta against the previous version's bytes when it changed and the
+        delta is small enough to be worth it (else None)."""
+        names, data = bucket
         digest = bucket_digest(data)
         previous, base = self._previous_bucket(index, names, len(data))
+        if base is None or previous.digest == digest or not self.delta_encoding:
+            return digest, None
+        encoded = encode_delta(base, data, self.codec)
+        # most weights changed: rebuilding would cost the reader more than it saves
+        return digest, encoded if len(encoded) <= self.delta_max_ratio * len(data) else None
+
+    def _put_changed(self, version: int, index: int, names: tuple[str, ...], data: bytes, digest: str,
+                     encoded: bytes | None) -> WeightBucket:
+        """Delta sync: the bucket as the previous version's (unchanged), or written whole (plus its delta)."""
+        previous, _ = self._previous_bucket(index, names, len(data))
         if previous is not None and previous.digest == digest:
             return previous  # the same bytes: the new manifest names the key that already holds them
         bucket = self._put_whole(version, index, names, data, digest)
-        if base is None or not self.delta_encoding:
+        if encoded is None:
             return bucket
-        encoded = encode_delta(base, data, self.codec)
-        if len(encoded) > self.delta_max_ratio * len(data):
-            return bucket  # most weights changed: rebuilding would cost more than it saves
         key = delta_key(self.job, version, index)
         self.transport.put(key, encoded)
         self.last.deltas += 1
