@@ -241,3 +241,26 @@ def test_delta_options_need_delta_sync():
     weights = build_config({"weights": {"sync": "delta", "delta_codec": "lzma"}}).weights
     assert (weights.sync, weights.delta_encoding, weights.delta_codec) == ("delta", True, "lzma")
     assert WeightPublisher.from_config(FsTransport("/nonexistent"), "j", weights).codec == "lzma"
+
+
+async def test_a_follower_keeps_the_version_it_staged_as_its_next_base(tmp_path):
+    """The follower's staging step (rollart.weights.follower.stage_version): the staged version becomes
+    the base only under delta sync, and the older base is removed once the new one is staged."""
+    from rollart.weights.follower import stage_version
+
+    publisher = _delta_publisher(tmp_path)
+    v1 = _state()
+    v2 = _nudge(v1, ["layer0.weight"])
+    announce = {v: VersionAnnouncement("job", v, manifest=publisher.publish(v, s)[0]) for v, s in ((1, v1), (2, v2))}
+    staging = tmp_path / "staging"
+    pulled, base, _ = await stage_version(publisher.transport, announce[1], staging, None)
+    assert base == StagedVersion(1, staging / "v1", announce[1].manifest) and pulled.whole == 3
+    pulled, base, _ = await stage_version(publisher.transport, announce[2], staging, base)
+    assert (pulled.reused, pulled.deltas) == (2, 1) and base.directory == staging / "v2"
+    assert sorted(p.name for p in staging.iterdir()) == ["v2"], "the old base is gone, its shared files linked"
+    _assert_bit_identical(base.directory, v2)
+
+    full = WeightPublisher(FsTransport(tmp_path / "full"), "job", bucket_bytes=BUCKET_BYTES)
+    plain = VersionAnnouncement("job", 3, manifest=full.publish(3, v2)[0])
+    pulled, base, _ = await stage_version(full.transport, plain, staging, base)
+    assert base is None and pulled.whole == 3, "no digests (full sync): nothing to keep as a base"
