@@ -130,8 +130,10 @@ class WeightsConfig(Section):
 
     @model_validator(mode="after")
     def _delta_options_need_delta_sync(self) -> "WeightsConfig":
-        # a delta option set under full sync would silently do nothing: say so instead
-        ignored = sorted(self.model_fields_set & {"delta_encoding", "delta_codec", "delta_max_ratio"})
+        # a delta option changed under full sync would silently do nothing: say so instead. Compared with
+        # the default, not "set": a whole config dumped and loaded again (deploy, benches) sets every field
+        ignored = [name for name in ("delta_encoding", "delta_codec", "delta_max_ratio")
+                   if getattr(self, name) != type(self).model_fields[name].default]
         if self.sync == "full" and ignored:
             raise ValueError(f"weights.{ignored[0]} is set but weights.sync is full: deltas need sync: delta")
         return self

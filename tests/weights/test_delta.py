@@ -264,3 +264,13 @@ async def test_a_follower_keeps_the_version_it_staged_as_its_next_base(tmp_path)
     plain = VersionAnnouncement("job", 3, manifest=full.publish(3, v2)[0])
     pulled, base, _ = await stage_version(full.transport, plain, staging, base)
     assert base is None and pulled.whole == 3, "no digests (full sync): nothing to keep as a base"
+
+
+def test_a_whole_config_dumped_and_loaded_again_stays_valid():
+    """Deploy and some benches dump every field and load them again: defaults must not read as 'set'."""
+    from rollart.config import RollartConfig
+
+    config = build_config({})
+    again = build_config(config.model_dump(mode="json", exclude_none=True, exclude={"deploy"}))
+    assert again.weights == config.weights and again.weights.sync == "full"
+    assert isinstance(again, RollartConfig)
