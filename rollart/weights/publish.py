@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -133,7 +133,9 @@ class WeightPublisher:
         """Delta sync: the bucket as the previous version's (unchanged), or written whole (plus its delta)."""
         previous, _ = self._previous_bucket(index, names, len(data))
         if previous is not None and previous.digest == digest:
-            return previous  # the same bytes: the new manifest names the key that already holds them
+            # the same bytes: the new manifest names the key that already holds them (without the delta
+            # that made them, which is against a version before the previous one)
+            return replace(previous, delta=None)
         bucket = self._put_whole(version, index, names, data, digest)
         if encoded is None:
             return bucket

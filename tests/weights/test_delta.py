@@ -161,6 +161,8 @@ def test_collect_keeps_buckets_a_kept_version_still_names(tmp_path):
     states[3] = _nudge(states[2], ["layer2.weight"], seed=3)
     manifests = {v: publisher.publish(v, s)[0] for v, s in states.items()}
     assert manifests[3].buckets[2].key == "job/v1/b2", "shared since version 1"
+    assert manifests[2].buckets[0].delta and manifests[3].buckets[0].delta is None, \
+        "an unchanged bucket is named without the delta that made it (against version 1)"
 
     assert publisher.collect(keep_from=3) == [1, 2]
     assert sorted(publisher.published) == [3]
