@@ -16,6 +16,7 @@ import statistics
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rollart.config import RollartConfig
@@ -93,8 +94,9 @@ def _open_transport(config: RollartConfig, work_dir: Path, transport: str):
 
     try:
         endpoints = resolve_endpoints(config)
-    except NoEndpointError:
-        endpoints = None
+    except NoEndpointError:  # no broker known: this bench needs none, only a configured Mooncake, if any
+        endpoints = SimpleNamespace(mooncake_master=config.mooncake.master,
+                                    mooncake_metadata=config.mooncake.metadata_server)
     weights = config.weights.model_copy(update={"transport": transport, "fs_root": work_dir / "store"})
     return make_transport(weights, endpoints)
 
