@@ -77,7 +77,8 @@ def _bits(state: dict, dtype) -> dict:
     import torch
 
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-    cast = {k: v.to(dtype).contiguous() for k, v in _unique(state).items()}
+    # a copy even where dtype is the master's own (float32): the snapshot must not follow later steps
+    cast = {k: v.to(dtype, copy=True).contiguous() for k, v in _unique(state).items()}
     return {k: v.view(ints[v.element_size()]) for k, v in cast.items()}
 
 
@@ -104,12 +105,12 @@ def _open_transport(config: RollartConfig, work_dir: Path, transport: str):
 class _Side:
     """One sync mode: its publisher and the puller that follows it."""
 
-    def __init__(self, mode: str, transport, staging: Path, *, bucket_bytes: int, dtype: str):
+    def __init__(self, mode: str, transport, staging: Path, *, bucket_bytes: int, dtype: str, codec: str):
         self.mode = mode
         self.transport = transport
         self.staging = staging / mode
         self.publisher = WeightPublisher(transport, f"bench-ws-{mode}-{uuid.uuid4().hex[:6]}",
-                                         bucket_bytes=bucket_bytes, dtype=dtype, sync=mode)
+                                         bucket_bytes=bucket_bytes, dtype=dtype, sync=mode, codec=codec)
         self.base: StagedVersion | None = None
 
     def sync(self, version: int, state: dict) -> dict:
@@ -134,18 +135,19 @@ class _Side:
 
 async def bench_delta_sync(config: RollartConfig, work_dir: Path, *, versions: int = 6, hidden: int = 768,
                            layers: int = 12, dtype: str = "bfloat16", lr: float = 1e-6,
-                           transport: str = "auto", bucket_bytes: int = 32 << 20) -> dict[str, Any]:
+                           transport: str = "auto", bucket_bytes: int = 32 << 20,
+                           codec: str = "sparse") -> dict[str, Any]:
     import asyncio
 
     return await asyncio.to_thread(_measure, config, work_dir, versions, hidden, layers, dtype, lr, transport,
-                                   bucket_bytes)
+                                   bucket_bytes, codec)
 
 
 def _measure(config: RollartConfig, work_dir: Path, versions: int, hidden: int, layers: int, dtype: str,
-             lr: float, transport_kind: str, bucket_bytes: int) -> dict[str, Any]:
+             lr: float, transport_kind: str, bucket_bytes: int, codec: str = "sparse") -> dict[str, Any]:
     state = qwen2_state(hidden, layers)
     transport = _open_transport(config, work_dir, transport_kind)
-    sides = [_Side(mode, transport, work_dir / "staging", bucket_bytes=bucket_bytes, dtype=dtype)
+    sides = [_Side(mode, transport, work_dir / "staging", bucket_bytes=bucket_bytes, dtype=dtype, codec=codec)
              for mode in SYNC_MODES]
     rows: list[dict] = []
     published = _bits(state, WEIGHT_DTYPES[dtype])
@@ -161,7 +163,7 @@ def _measure(config: RollartConfig, work_dir: Path, versions: int, hidden: int, 
                 rows.append({**row, "changed_fraction": fraction})
     finally:
         transport.close()
-    return _result(rows, transport.name, dtype, lr)
+    return {**_result(rows, transport.name, dtype, lr), "codec": codec}
 
 
 def _result(rows: list[dict], transport: str, dtype: str, lr: float) -> dict[str, Any]:

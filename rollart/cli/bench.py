@@ -162,28 +162,33 @@ def register(bench_app: typer.Typer) -> None:
                         dtype: Annotated[str, typer.Option(help="delta: the published dtype.")] = "bfloat16",
                         lr: Annotated[float, typer.Option(help="delta: the simulated optimiser step.")] = 1e-6,
                         transport: Annotated[str, typer.Option(
-                            help="delta: auto (Mooncake when the stack has one) | mooncake | fs.")] = "auto") -> None:
+                            help="delta: auto (Mooncake when the stack has one) | mooncake | fs.")] = "auto",
+                        codec: Annotated[str, typer.Option(help="delta: weights.delta_codec.")] = "sparse") -> None:
         """Weight sync: full vs delta (bytes moved, seconds, weights changed), or background vs blocking."""
         if compare == "overlap":
             return _weight_sync_overlap(config, out, versions, hidden, layers)
         from rollart.bench.delta_sync import bench_delta_sync
+        from rollart.weights.delta import DELTA_CODECS
         from rollart.weights.publish import WEIGHT_DTYPES
 
-        if compare != "delta" or transport not in ("auto", "mooncake", "fs") or dtype not in WEIGHT_DTYPES:
+        if (compare != "delta" or transport not in ("auto", "mooncake", "fs") or dtype not in WEIGHT_DTYPES
+                or codec not in DELTA_CODECS):
             Console(stderr=True).print(f"[red]--compare is delta or overlap, --transport auto, mooncake or fs, "
-                                       f"--dtype one of {', '.join(WEIGHT_DTYPES)}[/red]")
+                                       f"--dtype one of {', '.join(WEIGHT_DTYPES)}, --codec one of "
+                                       f"{', '.join(DELTA_CODECS)}[/red]")
             raise typer.Exit(2)
 
         result = run_benchmark(config, out, bench_delta_sync,
                                ["mode", "version", "bytes", "written_bytes", "seconds", "publish_s", "pull_s",
                                 "changed_fraction"], "full seconds over delta seconds per version",
-                               versions=versions, hidden=hidden, layers=layers, dtype=dtype, lr=lr, transport=transport)
+                               versions=versions, hidden=hidden, layers=layers, dtype=dtype, lr=lr, transport=transport,
+                               codec=codec)
         for mode, figures in result["summary"].items():
             console.print(f"{mode:>5}: {figures['seconds']:.3f} s, {figures['bytes'] / 2**20:.2f} MiB pulled, "
                           f"{figures['written_bytes'] / 2**20:.2f} MiB written per version (median)")
         console.print(f"delta pulls {result['bytes_ratio']:.1f}x fewer bytes; {result['changed_fraction']:.1%} of the "
                       f"weights changed per step ({result['version_bytes'] / 2**20:.0f} MiB per version, "
-                      f"{result['dtype']}, through {result['transport']})")
+                      f"{result['dtype']}, {result['codec']} deltas, through {result['transport']})")
 
     @bench_app.command("serverless-reward")
     def serverless_reward_cmd(config: ConfigOption = None, out: OutOption = None, bursts: int = 6, burst: int = 64,

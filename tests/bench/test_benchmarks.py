@@ -170,3 +170,16 @@ def test_weight_sync_cli_compares_full_and_delta_through_mooncake(tmp_path, stac
                  "--transport", "mooncake", "--config", str(job))
     assert data["transport"] == "mooncake" and data["compare"] == "delta"
     _assert_full_vs_delta_rows(data, versions=2)
+
+
+def test_weight_sync_counts_changed_float32_weights_and_skips_deltas_that_do_not_pay(tmp_path):
+    """Published in the master's own dtype (float32) every weight moves each step: the fraction is 1 and
+    no delta is worth writing, so delta sync pulls every changed bucket whole."""
+    from rollart.bench.delta_sync import _measure
+    from rollart.config import build_config
+
+    data = _measure(build_config({}), tmp_path, 1, 64, 2, "float32", 1e-3, "fs", 1 << 16)
+    steps = [r for r in data["rows"] if r["version"] > 1]
+    assert all(r["changed_fraction"] > 0.99 for r in steps)
+    delta = next(r for r in steps if r["mode"] == "delta")
+    assert delta["deltas"] == 0 and delta["bytes"] == delta["version_bytes"]
