@@ -39,6 +39,10 @@ async def read_to_end(config: RollartConfig, endpoints: Endpoints, physical_topi
                       fetch_max_wait_ms: int = 10) -> AsyncIterator[ConsumerRecord]:
     """Yield every record of ``physical_topic`` from ``start`` up to the end seen when reading began."""
     start = start or ReadStart(since_ms=start_ms)
+    if endpoints.broker == "memory":
+        for record in _read_memory(endpoints, physical_topic, start):
+            yield record
+        return
     consumer = AIOKafkaConsumer(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
@@ -128,3 +132,25 @@ async def _read_tansu(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
                     yield record
             if tp in ends and await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)
+
+
+def _read_memory(endpoints: Endpoints, physical_topic: str, start: ReadStart) -> list[ConsumerRecord]:
+    """The in-memory broker's log (rollart.bus.memory), with the ListOffsets answers Kafka would give."""
+    from rollart.bus.memory import InMemoryBroker
+
+    broker = InMemoryBroker.at(endpoints.kafka_bootstrap)
+    out: list[ConsumerRecord] = []
+    for tp in broker.partitions(physical_topic):
+        if start.partition is not None and tp.partition != start.partition:
+            continue
+        end = broker.end(tp)
+        records = broker.records(tp, 0, end)
+        offset = 0
+        if start.since_ms is not None:  # the first record at or after since_ms (offsets_for_times)
+            offset = next((r.offset for r in records if r.timestamp >= start.since_ms), end)
+        if start.offset is not None:
+            offset = max(offset, start.offset)
+        if start.tail is not None:
+            offset = max(offset, end - start.tail)
+        out.extend(records[offset:end])
+    return out
