@@ -1,0 +1,114 @@
+"""The in-memory broker keeps the consumer-group contract: partitions, groups, rebalances, commits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from rollart.bus.backend import CommitFailed, OffsetAndMetadata, TopicPartition
+from rollart.bus.memory import InMemoryBroker
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, set[TopicPartition]]] = []
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.events.append(("revoked", revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.events.append(("assigned", assigned))
+
+
+@pytest.fixture
+def broker() -> InMemoryBroker:
+    return InMemoryBroker.at(f"memory://{uuid.uuid4().hex}")
+
+
+async def member(broker: InMemoryBroker, topic: str = "t", group: str = "g"):
+    consumer, listener = broker.consumer(group), Listener()
+    consumer.subscribe([topic], listener)
+    await consumer.start()
+    return consumer, listener
+
+
+async def poll_until(predicate, *consumers, rounds: int = 100) -> None:
+    for _ in range(rounds):
+        await asyncio.gather(*(c.getmany(timeout_ms=10) for c in consumers))
+        if predicate():
+            return
+    raise AssertionError("the group did not settle")
+
+
+def test_the_bootstrap_names_one_broker_per_process():
+    assert InMemoryBroker.at("memory://a") is InMemoryBroker.at("memory://a")
+    assert InMemoryBroker.at("memory://a") is not InMemoryBroker.at("memory://b")
+    with pytest.raises(ValueError, match="memory://"):
+        InMemoryBroker.at("127.0.0.1:9092")
+
+
+def test_keyed_records_stay_on_one_partition_and_offsets_count_up(broker):
+    broker.create_topic("t", 4)
+    metas = [broker.append("t", b"v%d" % i, key=b"same") for i in range(3)]
+    assert len({m.partition for m in metas}) == 1
+    assert [m.offset for m in metas] == [0, 1, 2]
+    assert broker.end(TopicPartition("t", metas[0].partition)) == 3
+    assert broker.create_topic("t", 8) is False, "an existing topic keeps its partitions"
+    broker.append("new", b"x")
+    assert broker.partitions("new") == [TopicPartition("new", 0)], "created on first produce"
+    with pytest.raises(ValueError):
+        broker.append("t", b"x", partition=9)
+
+
+async def test_members_split_the_partitions_and_take_over_when_one_leaves(broker):
+    broker.create_topic("t", 4)
+    a, a_events = await member(broker)
+    await poll_until(lambda: len(a.assignment()) == 4, a)
+    b, _ = await member(broker)
+    await poll_until(lambda: a.assignment() and b.assignment(), a, b)
+    assert not a.assignment() & b.assignment() and len(a.assignment() | b.assignment()) == 4
+    assert ("revoked", {TopicPartition("t", p) for p in range(4)}) in a_events.events, "eager: all revoked first"
+    await b.stop()
+    await poll_until(lambda: len(a.assignment()) == 4, a)
+
+
+async def test_a_member_resumes_at_the_commit_and_reads_its_metadata(broker):
+    broker.create_topic("t", 1)
+    tp = TopicPartition("t", 0)
+    for i in range(5):
+        broker.append("t", b"%d" % i)
+    a, _ = await member(broker)
+    batch = await a.getmany(timeout_ms=100)
+    assert [r.offset for r in batch[tp]] == [0, 1, 2, 3, 4]
+    await a.commit({tp: OffsetAndMetadata(2, "rollart.done=1")})
+    await a.stop()
+    with pytest.raises(CommitFailed):
+        await a.commit({tp: OffsetAndMetadata(5, "")})  # no longer a member: refused
+    b, _ = await member(broker)
+    batch = await b.getmany(timeout_ms=100)
+    assert [r.offset for r in batch[tp]] == [2, 3, 4]
+    assert await b.committed({tp}) == {tp: OffsetAndMetadata(2, "rollart.done=1")}
+
+
+async def test_paused_partitions_return_nothing_until_resumed(broker):
+    broker.create_topic("t", 1)
+    tp = TopicPartition("t", 0)
+    a, _ = await member(broker)
+    await a.getmany(timeout_ms=0)
+    a.pause(tp)
+    broker.append("t", b"x")
+    assert await a.getmany(timeout_ms=20) == {} and a.paused() == {tp}
+    a.resume(tp)
+    assert [r.value for r in (await a.getmany(timeout_ms=20))[tp]] == [b"x"]
+
+
+async def test_a_waiting_fetch_wakes_on_a_new_record(broker):
+    broker.create_topic("t", 1)
+    a, _ = await member(broker)
+    await a.getmany(timeout_ms=0)
+    asyncio.get_running_loop().call_later(0.05, broker.append, "t", b"late")
+    started = asyncio.get_running_loop().time()
+    batch = await a.getmany(timeout_ms=5000)
+    assert batch and asyncio.get_running_loop().time() - started < 1.0
