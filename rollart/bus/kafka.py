@@ -9,6 +9,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from rollart.bus.backend import CommitFailed, GroupConsumer, OffsetAndMetadata, RebalanceListener, Records, TopicPartition
 from rollart.bus.transaction import isolation_level
+from rollart.bus.memory import InMemoryBroker
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 
@@ -91,7 +92,5 @@ def group_consumer(config: RollartConfig, endpoints: Endpoints, group_id: str, *
                    fetch_max_wait_ms: int) -> GroupConsumer:
     """A member of ``group_id`` on the endpoints' broker (a ``memory://`` bootstrap: the in-process one)."""
     if endpoints.broker == "memory":
-        from rollart.bus.memory import InMemoryBroker
-
         return InMemoryBroker.at(endpoints.kafka_bootstrap).consumer(group_id, client_id=client_id)
     return kafka_group_consumer(config, endpoints, group_id, client_id=client_id, fetch_max_wait_ms=fetch_max_wait_ms)

@@ -10,6 +10,7 @@ from aiokafka.errors import (ClusterAuthorizationFailedError, TopicAuthorization
                              TransactionalIdAuthorizationFailed)
 from aiokafka.structs import RecordMetadata
 
+from rollart.bus.memory import InMemoryBroker
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, Codec
@@ -44,8 +45,6 @@ def _backend_producer(config: RollartConfig, endpoints: Endpoints, client_id: st
                       transactional_id: str | None) -> Any:
     """aiokafka's producer, or the in-memory broker's (which has the part of its API used here)."""
     if endpoints.broker == "memory":
-        from rollart.bus.memory import InMemoryBroker
-
         return InMemoryBroker.at(endpoints.kafka_bootstrap).producer()
     return AIOKafkaProducer(
         client_id=client_id or f"{config.kafka.client_id}-producer",
