@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from rollart.bus.reader import ReadStart, read_to_end, tail
 from rollart.messages import DEFAULT_CODEC, TaskSpec
@@ -36,10 +37,12 @@ async def test_tail_yields_the_log_then_what_arrives(runtime):
     seen: list[str] = []
 
     async def follow() -> None:
-        async for record in tail(runtime.config, runtime.endpoints, topic, client_id="tail-test"):
-            seen.extend(_ids([record]))
-            if len(seen) == 5:
-                return
+        records = tail(runtime.config, runtime.endpoints, topic, client_id="tail-test")
+        async with contextlib.aclosing(records):  # closes the reader's consumer when done
+            async for record in records:
+                seen.extend(_ids([record]))
+                if len(seen) == 5:
+                    return
 
     follower = asyncio.create_task(follow())
     for _ in range(200):
