@@ -39,7 +39,7 @@ from rollart.bus.kafka import group_consumer
 from rollart.bus.offsets import OffsetTracker
 from rollart.bus.producer import BusProducer, NotAuthorized, client_principal
 from rollart.bus.steps import (Decoder, DeadLetterPolicy, DuplicateFilter, Failed, Handler, MessageContext, Output,
-                               PermanentError, RetryPolicy, handle_with_acks)
+                               PermanentError, RetryPolicy, accepted_kinds, handle_with_acks)
 from rollart.bus.transaction import Transaction
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints
@@ -55,7 +55,6 @@ from rollart.metrics import (
     MESSAGES_PROCESSED,
     PAUSED,
 )
-from rollart.topics import load_catalog, spec_for
 
 __all__ = ["ConsumerLoop", "Handler", "MessageContext", "Ordering", "PermanentError"]
 
@@ -113,7 +112,7 @@ class ConsumerLoop:
         self._consumer = group_consumer(
             config, endpoints, f"{config.job}.{group}", client_id=client_id or f"{config.kafka.client_id}-{group}",
             fetch_max_wait_ms=config.bus.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms)
-        self._build_steps(accept if accept is not None else self._accept_from_catalog(topics))
+        self._build_steps(accept if accept is not None else accepted_kinds(config.topics, topics))
         self._tasks: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self._tails: dict[Any, asyncio.Task[None]] = {}
         self._slot_freed = asyncio.Event()
@@ -381,13 +380,3 @@ class ConsumerLoop:
     def _logical(self, record: ConsumerRecord) -> str:
         topic: str = record.topic
         return self._physical.get(topic, topic)
-
-    def _accept_from_catalog(self, topics: Sequence[str]) -> dict[str, tuple[type, ...]]:
-        catalog = load_catalog(self.config.topics)
-        accept = {}
-        for topic in topics:
-            try:
-                accept[topic] = spec_for(topic, catalog).message_kinds
-            except KeyError:
-                pass  # not a catalog topic (tests, scratch topics): any registered kind
-        return accept

@@ -65,7 +65,8 @@ async def tail(config: RollartConfig, endpoints: Endpoints, physical_topic: str,
                start: ReadStart | None = None, timeout_s: float = 30.0,
                poll_ms: int = 200) -> AsyncIterator[ConsumerRecord]:
     """Yield every record of ``physical_topic`` from ``start`` (the earliest by default), then each new
-    one as it arrives; never ends by itself (stop iterating, or cancel). Partitions are those the topic
+    one as it arrives; never ends by itself: cancel the task, or leave the loop inside
+    ``contextlib.aclosing`` so that the reader's consumer closes at once. Partitions are those the topic
     has when tailing begins (none, for a topic that does not exist yet: it then yields nothing)."""
     start = start or ReadStart()
     if endpoints.broker == "memory":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 from rollart.bus.backend import ConsumerRecord
@@ -26,6 +27,7 @@ from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DeadLetterQueue
 from rollart.bus.producer import AUTHORIZATION_ERRORS, BusProducer, NotAuthorized
 from rollart.messages import Codec, Envelope
+from rollart.topics import load_catalog, spec_for
 
 T = TypeVar("T")
 Output = tuple[str, Any, dict[str, Any]]  # (logical topic, message, BusProducer.send keywords)
@@ -81,6 +83,18 @@ class Decoder:
 
     def decode(self, record: ConsumerRecord, topic: str) -> Envelope:
         return self.codec.decode(record.value, record.headers, accept=self.accept.get(topic))
+
+
+def accepted_kinds(catalog_dir: Path | None, topics: Sequence[str]) -> dict[str, tuple[type, ...]]:
+    """The message kinds each of ``topics`` carries, as the topic catalog (``config.topics``) says."""
+    catalog = load_catalog(catalog_dir)
+    accept = {}
+    for topic in topics:
+        try:
+            accept[topic] = spec_for(topic, catalog).message_kinds
+        except KeyError:
+            pass  # not a catalog topic (tests, scratch topics): any registered kind
+    return accept
 
 
 class DuplicateFilter:
