@@ -112,3 +112,41 @@ async def test_a_waiting_fetch_wakes_on_a_new_record(broker):
     started = asyncio.get_running_loop().time()
     batch = await a.getmany(timeout_ms=5000)
     assert batch and asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_a_handler_runs_in_a_consumer_loop_without_kafka_or_redis(broker):
+    from rollart.bus import BusProducer, ConsumerLoop
+    from rollart.endpoints import Endpoints
+    from rollart.messages import TaskSpec
+    from rollart.topics import expand_catalog
+    from rollart.topics.admin import apply_topics
+    from tests.conftest import make_config
+
+    bootstrap = next(k for k, v in InMemoryBroker._brokers.items() if v is broker)
+    endpoints = Endpoints(bootstrap, "redis://unused", "test", broker="memory")
+    config = make_config(endpoints)
+    await apply_topics(config, endpoints, expand_catalog(config))
+    handled = []
+
+    async def handle(envelope, ctx) -> None:
+        handled.append(envelope.message.group_id)
+        await ctx.produce("trajectories.completed", envelope.message, key=envelope.message.group_id)
+
+    async with BusProducer(config, endpoints) as producer:
+        for i in range(10):
+            await producer.send_and_wait("tasks", TaskSpec(group_id=f"g{i}", env="e", tag="t", group_size=1),
+                                         key=f"g{i}")
+        loop = ConsumerLoop(config=config, endpoints=endpoints, group="env", topics=["tasks"], handler=handle,
+                            producer=producer)
+        running = asyncio.create_task(loop.run())
+        for _ in range(100):
+            if len(handled) == 10:
+                break
+            await asyncio.sleep(0.02)
+        loop.stop()
+        await running
+    assert sorted(handled) == sorted(f"g{i}" for i in range(10))
+    outputs = producer.names.physical("trajectories.completed")
+    assert sum(broker.end(tp) for tp in broker.partitions(outputs)) == 10
+    committed = broker.group(f"{config.job}.env").committed
+    assert sum(c.offset for c in committed.values()) == 10, "every input committed on the way out"
