@@ -108,6 +108,7 @@ class ConsumerLoop:
         self.names = producer.names
         self.codec = producer.codec
         self._physical = {self.names.physical(t): t for t in topics}
+        self._labels = (config.job, group)
         self.dlq = DeadLetterQueue(producer, stage=group, max_per_minute=config.bus.dlq_max_per_minute)
         self._consumer = group_consumer(
             config, endpoints, f"{config.job}.{group}", client_id=client_id or f"{config.kafka.client_id}-{group}",
@@ -120,7 +121,6 @@ class ConsumerLoop:
         self._fatal: BaseException | None = None
         self._paused = False
         self._started = asyncio.Event()
-        self._labels = (config.job, group)
         self._init_metrics(topics)
 
     def _build_steps(self, accept: dict[str, tuple[type, ...]]) -> None:
