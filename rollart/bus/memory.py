@@ -229,6 +229,8 @@ class MemoryGroupConsumer:
     async def _follow_rebalance(self) -> None:
         """Eager rebalancing: revoke everything, wait until every member did, take the new share."""
         while self._member_id is not None and self._generation != self.group.generation:
+            if self._member_id not in self.group.members:  # dropped for missing a rebalance: join anew
+                self._member_id = self.group.join(self)
             generation = self.group.generation
             if self._listener is not None and self._generation >= 0:
                 await self._listener.on_partitions_revoked(set(self._assigned))
@@ -240,7 +242,7 @@ class MemoryGroupConsumer:
                     self.group.drop_laggards(generation)
                     break
                 await self.broker.wait_for_change(0.05)
-            if self.group.generation != generation or self._member_id not in self.group.members:
+            if self.group.generation != generation:
                 continue  # the group changed again meanwhile: rejoin
             await self._take_assignment(generation)
 
@@ -269,7 +271,7 @@ class MemoryGroupConsumer:
 
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         foreign = sorted(tp for tp in offsets if tp not in self._assigned)
-        if self._member_id is None or foreign:
+        if self._member_id not in self.group.members or foreign:  # left, or dropped: a zombie's commit
             raise CommitFailed(f"{self.client_id} does not own {foreign or 'anything'} any more")
         self.group.committed.update(offsets)
 

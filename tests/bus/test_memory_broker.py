@@ -150,3 +150,18 @@ async def test_a_handler_runs_in_a_consumer_loop_without_kafka_or_redis(broker):
     assert sum(broker.end(tp) for tp in broker.partitions(outputs)) == 10
     committed = broker.group(f"{config.job}.env").committed
     assert sum(c.offset for c in committed.values()) == 10, "every input committed on the way out"
+
+
+async def test_a_member_that_misses_a_rebalance_is_dropped_and_joins_again(broker, monkeypatch):
+    import rollart.bus.memory as memory
+
+    monkeypatch.setattr(memory, "REBALANCE_TIMEOUT_S", 0.1)
+    broker.create_topic("t", 2)
+    a, _ = await member(broker)
+    await poll_until(lambda: len(a.assignment()) == 2, a)
+    b, _ = await member(broker)  # a does not poll: b's join waits for it, then drops it
+    await poll_until(lambda: len(b.assignment()) == 2, b)
+    with pytest.raises(CommitFailed):  # a still believes it owns them: a zombie, refused
+        await a.commit({TopicPartition("t", 0): OffsetAndMetadata(0, "")})
+    await poll_until(lambda: a.assignment() and b.assignment(), a, b)
+    assert not a.assignment() & b.assignment()
