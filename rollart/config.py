@@ -33,8 +33,9 @@ class Section(BaseModel):
 class KafkaConfig(Section):
     bootstrap: str | None = None  # None: use the running local stack
     # What serves ``bootstrap``: Apache Kafka (or any broker that implements the protocol fully), or
-    # the embedded Tansu, whose ListOffsets the clients then work around (the README's broker notes).
-    broker: Literal["kafka", "tansu"] = "kafka"
+    # the embedded Tansu, whose ListOffsets the clients then work around (the README's broker notes),
+    # or "memory": rollart.bus.memory's in-process broker at ``memory://<name>`` (tests, no Kafka).
+    broker: Literal["kafka", "tansu", "memory"] = "kafka"
     client_id: str = "rollart"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
@@ -505,6 +506,9 @@ class RollartConfig(BaseSettings):
     def _check_processing_guarantee(self) -> "RollartConfig":
         if self.bus.processing_guarantee == "exactly_once" and self.kafka.broker == "tansu":
             raise ValueError(TANSU_HAS_NO_TRANSACTIONS)
+        if self.bus.processing_guarantee == "exactly_once" and self.kafka.broker == "memory":
+            raise ValueError("bus.processing_guarantee: exactly_once needs Kafka transactions, which the in-memory "
+                             "broker does not have; use Apache Kafka or at_least_once")
         return self
 
     @model_validator(mode="after")

@@ -7,12 +7,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
-
 from rollart.bus import BusProducer
+from rollart.bus.reader import ReadStart, read_to_end
 from rollart.config import RollartConfig
-from rollart.endpoints import Endpoints, NoEndpointError, kafka_client_kwargs, resolve_endpoints
+from rollart.endpoints import Endpoints, NoEndpointError, resolve_endpoints
 from rollart.local.stack import StackState, port_open
 from rollart.messages import DEFAULT_CODEC
 from rollart.messages.samples import sample_messages
@@ -144,31 +142,22 @@ class Doctor:
         scratch = PhysicalTopic(logical=SCRATCH_TOPIC, name=f"{self.config.job}.{SCRATCH_TOPIC}", partitions=1,
                                 configs={"retention.ms": "3600000", "cleanup.policy": "delete"})
         await apply_topics(self.config, endpoints, [scratch])
-        consumer = AIOKafkaConsumer(enable_auto_commit=False, fetch_max_wait_ms=5,
-                                    **kafka_client_kwargs(self.config.kafka, endpoints.kafka_bootstrap))
         async with BusProducer(self.config, endpoints) as producer:
-            await consumer.start()
-            try:
-                tp = TopicPartition(scratch.name, 0)
-                consumer.assign([tp])
-                for message in messages:
-                    await self._run(f"roundtrip:{message.KIND}",
-                                    lambda m=message: self._roundtrip_one(producer, consumer, tp, m))
-            finally:
-                await consumer.stop()
+            for message in messages:
+                await self._run(f"roundtrip:{message.KIND}",
+                                lambda m=message: self._roundtrip_one(producer, endpoints, scratch.name, m))
 
-    async def _roundtrip_one(self, producer: BusProducer, consumer: AIOKafkaConsumer, tp: TopicPartition,
-                             message) -> str:
+    async def _roundtrip_one(self, producer: BusProducer, endpoints: Endpoints, topic: str, message) -> str:
         meta = await producer.send_and_wait(SCRATCH_TOPIC, message, key=message.message_id(), policy_version=3)
-        consumer.seek(tp, meta.offset)
-        while True:
-            record = await consumer.getone(tp)
-            if record.offset == meta.offset:
-                break
+        at = ReadStart(offset=meta.offset, partition=meta.partition)
+        records = [r async for r in read_to_end(self.config, endpoints, topic, start=at, fetch_max_wait_ms=5)]
+        record = next((r for r in records if r.offset == meta.offset), None)
+        if record is None:
+            raise RuntimeError(f"{message.KIND} was acknowledged at {topic}[0]@{meta.offset} but not read back")
         decoded = DEFAULT_CODEC.decode(record.value, record.headers).message
         if decoded != message:
             raise RuntimeError(f"{message.KIND} changed on the way: {decoded!r}")
-        return f"{len(record.value)} bytes via {tp.topic}[0]@{meta.offset}"
+        return f"{len(record.value)} bytes via {topic}[0]@{meta.offset}"
 
 
 def broker_info(endpoints: Endpoints) -> dict[str, str | None]:

@@ -20,7 +20,7 @@ class Endpoints:
     source: str  # "config", "local stack", or "config + local stack"
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
-    broker: Literal["kafka", "tansu"] = "kafka"  # what serves kafka_bootstrap (see KafkaConfig.broker)
+    broker: Literal["kafka", "tansu", "memory"] = "kafka"  # what serves kafka_bootstrap (see KafkaConfig.broker)
     # Redis auth/TLS from config (redis-py connection keywords); not printed, it holds the password.
     redis_options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # A secured local Kafka (rollart.local.security folder): clients log in with its settings.

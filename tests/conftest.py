@@ -33,6 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE_BROKER = os.environ.get("ROLLART_TEST_BROKER", "kafka")
 # Parametrizes a module's tests over both brokers (the fixtures below start each one once).
 BOTH_BROKERS = pytest.mark.parametrize("broker", ["kafka", "tansu"], indirect=True, scope="session")
+# The consumer-group contract (through ConsumerLoop, the producer and the log reader) also holds on
+# the in-process broker of rollart.bus.memory; tests that use aiokafka clients directly, kcat, TLS or
+# subprocesses stay on the real brokers.
+ALL_BROKERS = pytest.mark.parametrize("broker", ["kafka", "tansu", "memory"], indirect=True, scope="session")
 KAFKA_ONLY = pytest.mark.parametrize("broker", ["kafka"], indirect=True, scope="session")
 
 
@@ -56,6 +60,22 @@ def kafka_stack(rollart_home) -> StackState:
 @pytest.fixture(scope="session")
 def tansu_stack(rollart_home) -> StackState:
     yield from _session_stack(rollart_home, "tansu")
+
+
+@pytest.fixture(scope="session")
+def memory_stack(rollart_home) -> StackState:
+    """The in-memory broker (nothing to start) and a Redis: the machine's, or an embedded one."""
+    from rollart.local.stack import DEFAULT_REDIS_URL, redis_answers, start_redis
+
+    proc, redis_url = None, DEFAULT_REDIS_URL
+    if not redis_answers(redis_url):
+        (rollart_home / "memory").mkdir(exist_ok=True)
+        proc, redis_url = start_redis(rollart_home / "memory")
+    yield StackState(kafka_bootstrap="memory://rollart-tests", redis_url=redis_url, broker_pid=None,
+                     redis_pid=None, log_dir=str(rollart_home), started_at=0.0, broker_kind="memory")
+    if proc is not None:
+        proc.terminate()
+        proc.wait()
 
 
 @pytest.fixture(scope="session")

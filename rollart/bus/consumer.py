@@ -16,6 +16,11 @@ The loop owns everything else:
 * rebalances: on revocation the loop lets in-flight handlers of the revoked partitions finish (up to
   ``bus.drain_timeout_s``), commits what is done, then calls the stage's ``on_revoke``;
 * graceful stop (SIGTERM): stop fetching, drain, commit, leave the group.
+
+The loop itself is the composition: fetching, dispatch, ordering, pausing and rebalances live here;
+what happens to one record is the chain of steps in :mod:`rollart.bus.steps`, and when its offset
+counts as done and is committed is a policy of :mod:`rollart.bus.commits`. The broker is reached
+through :class:`~rollart.bus.backend.GroupConsumer` (Kafka and Tansu, or the in-memory broker).
 """
 
 from __future__ import annotations
@@ -23,22 +28,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Literal, Sequence
-
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, KafkaError
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from typing import Any, Awaitable, Callable, Literal, Sequence
 
 from rollart import health
+from rollart.bus.backend import ConsumerRecord, GroupConsumer, OffsetAndMetadata, TopicPartition
+from rollart.bus.commits import CommitPolicy, TransactionalCommits, WatermarkCommits
 from rollart.bus.dedup import Deduplicator
 from rollart.bus.dlq import DeadLetterQueue, DeadLetterRateExceeded
+from rollart.bus.kafka import group_consumer
 from rollart.bus.offsets import OffsetTracker
-from rollart.bus.producer import AUTHORIZATION_ERRORS, BusProducer, NotAuthorized, client_principal
-from rollart.bus.transaction import Transaction, isolation_level
+from rollart.bus.producer import BusProducer, NotAuthorized, client_principal
+from rollart.bus.steps import (Decoder, DeadLetterPolicy, DuplicateFilter, Failed, Handler, MessageContext, Output,
+                               PermanentError, RetryPolicy, accepted_kinds, handle_with_acks)
+from rollart.bus.transaction import Transaction
 from rollart.config import RollartConfig
-from rollart.endpoints import Endpoints, kafka_client_kwargs
-from rollart.messages import Envelope, MessageDecodeError
+from rollart.endpoints import Endpoints
+from rollart.messages import MessageDecodeError
 from rollart.metrics import (
     CONSUMER_LAG,
     HANDLER_LATENCY,
@@ -50,7 +55,8 @@ from rollart.metrics import (
     MESSAGES_PROCESSED,
     PAUSED,
 )
-from rollart.topics import load_catalog, spec_for
+
+__all__ = ["ConsumerLoop", "Handler", "MessageContext", "Ordering", "PermanentError"]
 
 FAILURE_DECODE, FAILURE_HANDLER = "decode", "handler"
 FAILURE_REASONS = (FAILURE_DECODE, FAILURE_HANDLER)
@@ -59,57 +65,6 @@ log = logging.getLogger(__name__)
 
 Ordering = Literal["key", "partition", "none"]
 PartitionsCallback = Callable[[set[TopicPartition]], Awaitable[None]]
-
-
-class PermanentError(Exception):
-    """Raised by a handler for a message that can never succeed: dead-letter it without retrying.
-
-    ``notify``: outputs ``(topic, message, key)`` produced with the dead-letter (in its transaction,
-    if the loop has one), for a downstream stage that must know the message will not come (the
-    trainer, of a trajectory whose reward failed)."""
-
-    def __init__(self, message: str, *, notify: Sequence[tuple[str, Any, str | None]] = ()):
-        super().__init__(message)
-        self.notify = list(notify)
-
-
-@dataclass
-class MessageContext:
-    """What a handler gets besides the message: where it came from and a way to produce."""
-
-    record: ConsumerRecord
-    topic: str  # logical topic name
-    producer: BusProducer
-    acks: list[asyncio.Future[Any]] = field(default_factory=list)
-    written: list[str] = field(default_factory=list)  # physical topics of ``acks``
-    # Under a transaction the outputs wait here until the handler returned; the loop then sends them
-    # in the transaction that also commits this input's offset (a failed attempt sends nothing).
-    deferred: list[tuple[str, Any, dict[str, Any]]] | None = None
-
-    async def produce(self, topic: str, message: Any, *, key: str | bytes | None = None,
-                      partition: int | None = None, policy_version: int | None = None) -> None:
-        """Produce an output; the loop waits for its ack before the input counts as done."""
-        if self.deferred is not None:
-            self.deferred.append((topic, message, {"key": key, "partition": partition,
-                                                   "policy_version": policy_version}))
-            return
-        self.acks.append(await self.producer.send(topic, message, key=key, partition=partition,
-                                                  policy_version=policy_version))
-        self.written.append(self.producer.names.physical(topic))
-
-
-Handler = Callable[[Envelope, MessageContext], Awaitable[None]]
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
-    def __init__(self, loop: "ConsumerLoop"):
-        self._loop = loop
-
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        await self._loop._on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        await self._loop._on_assigned(set(assigned))
 
 
 class ConsumerLoop:
@@ -153,32 +108,33 @@ class ConsumerLoop:
         self.names = producer.names
         self.codec = producer.codec
         self._physical = {self.names.physical(t): t for t in topics}
-        self._accept = accept if accept is not None else self._accept_from_catalog(topics)
+        self._labels = (config.job, group)
         self.dlq = DeadLetterQueue(producer, stage=group, max_per_minute=config.bus.dlq_max_per_minute)
-        self._consumer = AIOKafkaConsumer(
-            group_id=f"{config.job}.{group}",
-            client_id=client_id or f"{config.kafka.client_id}-{group}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=config.bus.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
-            session_timeout_ms=config.bus.session_timeout_ms,
-            heartbeat_interval_ms=config.bus.heartbeat_interval_ms,
-            max_partition_fetch_bytes=config.bus.max_value_bytes,
-            fetch_max_bytes=max(config.bus.max_value_bytes, 52428800),
-            isolation_level=isolation_level(config),
-            **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
-        )
-        self._tracker = OffsetTracker()
+        self._consumer = group_consumer(
+            config, endpoints, f"{config.job}.{group}", client_id=client_id or f"{config.kafka.client_id}-{group}",
+            fetch_max_wait_ms=config.bus.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms)
+        self._build_steps(accept if accept is not None else accepted_kinds(config.topics, topics))
         self._tasks: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self._tails: dict[Any, asyncio.Task[None]] = {}
-        self._active_ids: dict[str, asyncio.Task[Any]] = {}  # message id -> the task handling it
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
         self._paused = False
         self._started = asyncio.Event()
-        self._labels = (config.job, group)
         self._init_metrics(topics)
+
+    def _build_steps(self, accept: dict[str, tuple[type, ...]]) -> None:
+        """The steps each record goes through, and the commit policy (see the module docstring)."""
+        self._decoder = Decoder(self.codec, accept)
+        self._duplicates = DuplicateFilter(self.dedup)
+        self._retries = RetryPolicy(self.config.bus.handler_attempts, self.config.bus.retry_backoff_s)
+        self._dead_letters = DeadLetterPolicy(
+            self.dlq, self.producer, transactional=self.transaction is not None,
+            counted=lambda record: MESSAGES_DEAD_LETTERED.labels(*self._labels, self._logical(record)).inc())
+        self._tracker = OffsetTracker()
+        self._commits: CommitPolicy = (
+            WatermarkCommits(self._tracker, self._consumer, self.dedup, self.group) if self.transaction is None
+            else TransactionalCommits(self._tracker, self.transaction, self.group, self._fail))
 
     def _init_metrics(self, topics: Sequence[str]) -> None:
         """Create every (group, topic) series at 0, so dashboards show "none yet", not "no data"
@@ -198,10 +154,10 @@ class ConsumerLoop:
 
     @property
     def assignment(self) -> set[TopicPartition]:
-        return set(self._consumer.assignment())
+        return self._consumer.assignment()
 
     @property
-    def consumer(self) -> AIOKafkaConsumer:
+    def consumer(self) -> GroupConsumer:
         return self._consumer
 
     @property
@@ -225,7 +181,7 @@ class ConsumerLoop:
             return
         if self.transaction is not None:
             await self.transaction.open()
-        self._consumer.subscribe(list(self._physical), listener=_Rebalance(self))
+        self._consumer.subscribe(list(self._physical), listener=self)
         await self._consumer.start()
         self._started.set()
         committer = asyncio.create_task(self._commit_periodically(), name=f"commit-{self.group}")
@@ -238,6 +194,11 @@ class ConsumerLoop:
             await self._shutdown()
         if self._fatal is not None:
             raise self._fatal
+
+    def _fail(self, exc: BaseException) -> None:
+        """A fatal error: the loop stops, leaving what it concerns uncommitted; run() re-raises it."""
+        self._fatal = exc
+        self.stop()
 
     # -- polling and dispatch -------------------------------------------------------------------
 
@@ -282,7 +243,7 @@ class ConsumerLoop:
         self._tracker.dispatch(tp, record.offset)
         if self._tracker.already_done(tp, record.offset):  # finished past the commit by the last owner
             self._tracker.done(tp, record.offset)
-            MESSAGES_DEDUPLICATED.labels(*self._labels, self._physical.get(record.topic, record.topic)).inc()
+            MESSAGES_DEDUPLICATED.labels(*self._labels, self._logical(record)).inc()
             return
         key = self._ordering_key(tp, record)
         predecessor = self._tails.get(key) if key is not None else None
@@ -301,139 +262,58 @@ class ConsumerLoop:
         IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
         self._slot_freed.set()
 
-    # -- processing one message -----------------------------------------------------------------
+    # -- processing one record: the steps -------------------------------------------------------
 
     async def _process(self, tp: TopicPartition, record: ConsumerRecord, predecessor: asyncio.Task[None] | None) -> None:
-        topic = self._physical.get(record.topic, record.topic)
-        labels = (*self._labels, topic)
+        labels = (*self._labels, self._logical(record))
         started = time.perf_counter()
         try:
             if predecessor is not None:
                 await asyncio.wait([predecessor])  # order by key; its outcome is its own business
-            outputs = await self._process_record(record, topic, labels)
+            outputs = await self._process_record(record, labels)
         except asyncio.CancelledError:
             raise  # not done: stays uncommitted and is redelivered to whoever owns the partition next
         except (DeadLetterRateExceeded, NotAuthorized) as exc:  # stop; the message stays uncommitted
             log.error("%s: %s", self.group, exc)
-            self._fatal = exc
-            self.stop()
+            self._fail(exc)
             return
         except Exception as exc:  # the DLQ itself failed: leave the message uncommitted, stop
             log.exception("cannot dead-letter %s[%d]@%d", record.topic, record.partition, record.offset)
-            self._fatal = exc
-            self.stop()
+            self._fail(exc)
             return
         HANDLER_LATENCY.labels(*labels).observe(time.perf_counter() - started)
-        if self.transaction is None:
-            self._tracker.done(tp, record.offset)
-        else:
-            await self.transaction.add(outputs, lambda: self._tracker.done(tp, record.offset))
+        await self._commits.complete(tp, record.offset, outputs)
 
-    async def _process_record(self, record: ConsumerRecord, topic: str,
-                              labels: tuple[str, ...]) -> list[tuple[str, Any, dict[str, Any]]]:
+    async def _process_record(self, record: ConsumerRecord, labels: tuple[str, ...]) -> list[Output]:
         """Decode, de-duplicate, handle (or dead-letter); returns the outputs a transaction defers."""
         try:
-            envelope = self.codec.decode(record.value, record.headers, accept=self._accept.get(topic))
+            envelope = self._decoder.decode(record, labels[-1])
         except MessageDecodeError as exc:
             MESSAGES_FAILED.labels(*labels, FAILURE_DECODE).inc()
-            await self._dead_letter(record, labels, f"decode: {exc}", exc.field)
-            return []
-        message_id = envelope.message_id
-        me = asyncio.current_task()
-        assert me is not None  # always inside its own task (_process)
-        twin = self._active_ids.get(message_id)
-        self._active_ids[message_id] = me  # a later copy of this message waits for this task
-        try:
-            if twin is not None:  # the same message is being handled right now: wait, then it is seen
-                await asyncio.wait([twin])
-            if self.dedup is not None and await self.dedup.seen(message_id):
+            return await self._dead_letters.reject(record, f"decode: {exc}", exc.field)
+        async with self._duplicates.claim(envelope.message_id) as new:
+            if not new:
                 MESSAGES_DEDUPLICATED.labels(*labels).inc()
                 return []
-            error, outputs = await self._handle_with_retries(envelope, record, topic, labels)
-            if error is not None:
-                await self._dead_letter(record, labels, error, "")
-                outputs = await self._notify(outputs)
-            if self.dedup is not None:
-                self.dedup.mark(message_id)
-        finally:
-            if self._active_ids.get(message_id) is me:
-                del self._active_ids[message_id]
-        if error is None:
-            MESSAGES_PROCESSED.labels(*labels).inc()
-        return outputs
 
-    async def _handle_with_retries(self, envelope: Envelope, record: ConsumerRecord, topic: str,
-                                   labels: tuple[str, ...]) -> tuple[str | None, list[Any]]:
-        """Run the handler; returns (None, deferred outputs) on success or (the final error text, [])."""
-        attempts = self.config.bus.handler_attempts
-        for attempt in range(1, attempts + 1):
-            ctx = MessageContext(record=record, topic=topic, producer=self.producer,
-                                 deferred=[] if self.transaction is not None else None)
-            try:
-                await self.handler(envelope, ctx)
-                if ctx.acks:
-                    await asyncio.gather(*ctx.acks)
-                return None, ctx.deferred or []
-            except (asyncio.CancelledError, NotAuthorized):
-                raise
-            except AUTHORIZATION_ERRORS as exc:  # an ack refused by the broker's ACLs
-                raise NotAuthorized(client_principal(self.config), sorted(set(ctx.written)), exc) from exc
-            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
-                MESSAGES_FAILED.labels(*labels, FAILURE_HANDLER).inc()
-                error = f"handler: {type(exc).__name__}: {exc}"
-                if isinstance(exc, PermanentError) or attempt == attempts:
-                    log.warning("%s failed on %s (attempt %d): %s", self.group, envelope.message_id, attempt, error)
-                    notify = exc.notify if isinstance(exc, PermanentError) else []
-                    return error, [(topic, message, {"key": key}) for topic, message, key in notify]
-                await asyncio.sleep(self.config.bus.retry_backoff_s * 2 ** (attempt - 1))
-        return "unreachable", []  # pragma: no cover
+            def attempt() -> Awaitable[list[Output]]:
+                ctx = MessageContext(record=record, topic=labels[-1], producer=self.producer,
+                                     deferred=[] if self.transaction is not None else None)
+                return handle_with_acks(self.handler, envelope, ctx, client_principal(self.config))
 
-    async def _notify(self, outputs: list[tuple[str, Any, dict[str, Any]]]) -> list[tuple[str, Any, dict[str, Any]]]:
-        """A dead-letter's notifications: deferred into the transaction, or produced and acked now."""
-        if self.transaction is not None or not outputs:
-            return outputs
-        await asyncio.gather(*[await self.producer.send(topic, message, **options) for topic, message, options in outputs])
-        return []
-
-    async def _dead_letter(self, record: ConsumerRecord, labels: tuple[str, ...], error: str, field: str) -> None:
-        await self.dlq.send(record, error, field)
-        MESSAGES_DEAD_LETTERED.labels(*labels).inc()
+            outcome = await self._retries.run(
+                attempt, on_error=lambda exc: MESSAGES_FAILED.labels(*labels, FAILURE_HANDLER).inc())
+            if isinstance(outcome, Failed):
+                log.warning("%s failed on %s (attempt %d): %s", self.group, envelope.message_id, outcome.attempts,
+                            outcome.error)
+                return await self._dead_letters.reject(record, outcome.error, "", outcome.notify)
+        MESSAGES_PROCESSED.labels(*labels).inc()
+        return outcome
 
     # -- commits, rebalances, shutdown -----------------------------------------------------------
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
-        if self.transaction is not None:
-            await self._commit_transaction()
-            return
-        offsets = self._tracker.to_commit(only)
-        if not offsets:
-            return
-        if self.dedup is not None:
-            await self.dedup.flush()  # marks first: a crash after this point dedups the redelivery
-        try:
-            await self._consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as exc:
-            # A rebalance took the partitions: the new owner redelivers, dedup absorbs it.
-            log.warning("%s: commit failed (%s); messages will be redelivered and de-duplicated", self.group, exc)
-            return
-        self._tracker.committed(offsets)
-        self._export_lag(offsets)
-
-    async def _commit_transaction(self) -> None:
-        """Every done input's offset with the outputs sent for it, all or nothing (every partition:
-        outputs of the others are in the same transaction). A failed commit is fatal: the loop stops
-        uncommitted, and the restarted member redoes the inputs whose transaction was aborted."""
-        assert self.transaction is not None  # only transactional loops commit this way
-        try:
-            offsets = await self.transaction.commit(self._tracker.to_commit)
-        except Exception as exc:  # noqa: BLE001 - a record or the commit failed: never commit around it
-            log.error("%s: transaction commit failed (%s); stopping, its inputs will be redone", self.group, exc)
-            self._fatal = exc
-            self.stop()
-            return
-        if offsets:
-            self._tracker.committed(offsets)
-            self._export_lag(offsets)
+        self._export_lag(await self._commits.commit(only))
 
     def _export_lag(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         for tp, committed in offsets.items():
@@ -461,7 +341,8 @@ class ConsumerLoop:
             if pending:
                 await asyncio.wait(pending)
 
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """The group takes ``revoked`` away: finish (or give up) their handlers, commit, tell the stage."""
         await self._drain(revoked)
         try:
             await self._commit(revoked)
@@ -471,10 +352,9 @@ class ConsumerLoop:
         if self.on_revoke is not None:
             await self.on_revoke(revoked)
 
-    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        # Where each partition resumes, and what the last owner finished past that (commit metadata).
-        # The coordinator's own fetch (what consumer.committed() calls) is the one that returns metadata.
-        committed = await self._consumer._coordinator.fetch_committed_offsets(list(assigned)) if assigned else {}
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Where each partition resumes, and what the last owner finished past that (commit metadata)."""
+        committed = await self._consumer.committed(assigned)
         for tp in assigned:
             self._tracker.resume(tp, committed.get(tp))
         if self._paused:
@@ -497,12 +377,6 @@ class ConsumerLoop:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _accept_from_catalog(self, topics: Sequence[str]) -> dict[str, tuple[type, ...]]:
-        catalog = load_catalog(self.config.topics)
-        accept = {}
-        for topic in topics:
-            try:
-                accept[topic] = spec_for(topic, catalog).message_kinds
-            except KeyError:
-                pass  # not a catalog topic (tests, scratch topics): any registered kind
-        return accept
+    def _logical(self, record: ConsumerRecord) -> str:
+        topic: str = record.topic
+        return self._physical.get(topic, topic)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from aiokafka.structs import ConsumerRecord
-
+from rollart.bus.backend import ConsumerRecord
 from rollart.bus.producer import BusProducer
 from rollart.topics import TopicNames
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from rollart.bus.backend import OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)
 

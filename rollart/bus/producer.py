@@ -10,6 +10,7 @@ from aiokafka.errors import (ClusterAuthorizationFailedError, TopicAuthorization
                              TransactionalIdAuthorizationFailed)
 from aiokafka.structs import RecordMetadata
 
+from rollart.bus.memory import InMemoryBroker
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.messages import DEFAULT_CODEC, Codec
@@ -40,6 +41,22 @@ def client_principal(config: RollartConfig) -> str:
     return f"the {config.kafka.security_protocol} client (no SASL user)"
 
 
+def _backend_producer(config: RollartConfig, endpoints: Endpoints, client_id: str | None,
+                      transactional_id: str | None) -> Any:
+    """aiokafka's producer, or the in-memory broker's (which has the part of its API used here)."""
+    if endpoints.broker == "memory":
+        return InMemoryBroker.at(endpoints.kafka_bootstrap).producer()
+    return AIOKafkaProducer(
+        client_id=client_id or f"{config.kafka.client_id}-producer",
+        acks="all",
+        enable_idempotence=bool(transactional_id) or (config.bus.idempotent_producer and endpoints.broker == "kafka"),
+        transactional_id=transactional_id,
+        linger_ms=config.bus.linger_ms,
+        max_request_size=config.kafka.max_request_bytes,
+        **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
+    )
+
+
 class BusProducer:
     """Encodes messages with the codec, prefixes topics with the job, and reports acks.
 
@@ -54,16 +71,7 @@ class BusProducer:
         self.codec = codec
         self.names = TopicNames(config.job)
         self.transactional_id = transactional_id
-        self._producer = AIOKafkaProducer(
-            client_id=client_id or f"{config.kafka.client_id}-producer",
-            acks="all",
-            enable_idempotence=bool(transactional_id) or (config.bus.idempotent_producer
-                                                          and endpoints.broker == "kafka"),
-            transactional_id=transactional_id,
-            linger_ms=config.bus.linger_ms,
-            max_request_size=config.kafka.max_request_bytes,
-            **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
-        )
+        self._producer = _backend_producer(config, endpoints, client_id, transactional_id)
         self._started = False
 
     async def start(self) -> "BusProducer":

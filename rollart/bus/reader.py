@@ -1,7 +1,10 @@
-"""Read a topic from a start point to its current end, outside any consumer group.
+"""Read a topic outside any consumer group: to its current end (:func:`read_to_end`), or on and on
+(:func:`tail`).
 
-Used to rebuild caches from the log (the policy version from ``policy.versions``), by ``doctor``
-and by replay. It never commits and never joins a group, so it cannot disturb the stages.
+Used to rebuild caches from the log (the policy version from ``policy.versions``), by replay, and by
+every member that must see every announcement (weight followers). It never commits and never joins a
+group, so it cannot disturb the stages. On the in-memory broker (``rollart.bus.memory``) it reads the
+broker's log directly.
 
 Where to start and where the end is come from the broker's ListOffsets (earliest, latest, by
 timestamp), so a reader of a week-long topic reads only the records it asks for. Tansu answers
@@ -18,6 +21,7 @@ from typing import AsyncIterator
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from rollart.bus.memory import InMemoryBroker
 from rollart.bus.transaction import isolation_level
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
@@ -39,18 +43,14 @@ async def read_to_end(config: RollartConfig, endpoints: Endpoints, physical_topi
                       fetch_max_wait_ms: int = 10) -> AsyncIterator[ConsumerRecord]:
     """Yield every record of ``physical_topic`` from ``start`` up to the end seen when reading began."""
     start = start or ReadStart(since_ms=start_ms)
-    consumer = AIOKafkaConsumer(
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=fetch_max_wait_ms,
-        client_id=f"{config.kafka.client_id}-reader",
-        isolation_level=isolation_level(config),
-        **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
-    )
+    if endpoints.broker == "memory":
+        for record in _read_memory(endpoints, physical_topic, start):
+            yield record
+        return
+    consumer = _reader(config, endpoints, f"{config.kafka.client_id}-reader", fetch_max_wait_ms)
     await asyncio.wait_for(consumer.start(), timeout_s)
     try:
-        tps = [tp for tp in await topic_partitions(consumer, physical_topic)
-               if start.partition is None or tp.partition == start.partition]
+        tps = _chosen(await topic_partitions(consumer, physical_topic), start)
         if not tps:
             return
         consumer.assign(tps)
@@ -59,6 +59,53 @@ async def read_to_end(config: RollartConfig, endpoints: Endpoints, physical_topi
             yield record
     finally:
         await consumer.stop()
+
+
+async def tail(config: RollartConfig, endpoints: Endpoints, physical_topic: str, *, client_id: str,
+               start: ReadStart | None = None, timeout_s: float = 30.0,
+               poll_ms: int = 200) -> AsyncIterator[ConsumerRecord]:
+    """Yield every record of ``physical_topic`` from ``start`` (the earliest by default), then each new
+    one as it arrives; never ends by itself: cancel the task, or leave the loop inside
+    ``contextlib.aclosing`` so that the reader's consumer closes at once. Partitions are those the topic
+    has when tailing begins (none, for a topic that does not exist yet: it then yields nothing)."""
+    start = start or ReadStart()
+    if endpoints.broker == "memory":
+        async for record in _tail_memory(endpoints, physical_topic, start, poll_ms):
+            yield record
+        return
+    consumer = _reader(config, endpoints, client_id, config.bus.fetch_max_wait_ms)
+    await asyncio.wait_for(consumer.start(), timeout_s)
+    try:
+        tps = _chosen(await topic_partitions(consumer, physical_topic), start)
+        consumer.assign(tps)
+        if endpoints.broker == "tansu":
+            firsts = {tp: start.offset or 0 for tp in tps}  # see _read_tansu: ListOffsets is not trusted
+        else:
+            firsts, _ = await _kafka_start(consumer, tps, start, timeout_s)
+        for tp, offset in firsts.items():
+            consumer.seek(tp, offset)
+        while True:
+            batch = await consumer.getmany(timeout_ms=poll_ms)
+            for record in (r for records in batch.values() for r in records):
+                if start.since_ms is None or record.timestamp >= start.since_ms:
+                    yield record
+    finally:
+        await consumer.stop()
+
+
+def _reader(config: RollartConfig, endpoints: Endpoints, client_id: str, fetch_max_wait_ms: int) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",  # an offset before the log start (retention) reads from its start
+        fetch_max_wait_ms=fetch_max_wait_ms,
+        client_id=client_id,
+        isolation_level=isolation_level(config),
+        **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap),
+    )
+
+
+def _chosen(tps: list[TopicPartition], start: ReadStart) -> list[TopicPartition]:
+    return [tp for tp in tps if start.partition is None or tp.partition == start.partition]
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
@@ -76,23 +123,38 @@ async def partitions_of(consumer: AIOKafkaConsumer, topics: list[str]) -> dict[s
     return {t: [TopicPartition(t, p) for p in sorted(cluster.partitions_for_topic(t) or ())] for t in topics}
 
 
-async def _read_kafka(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: ReadStart,
-                      timeout_s: float) -> AsyncIterator[ConsumerRecord]:
+async def _kafka_start(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: ReadStart,
+                       timeout_s: float) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Where ``start`` begins each partition, and each partition's end, from the broker's ListOffsets."""
     ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
     firsts = await asyncio.wait_for(consumer.beginning_offsets(tps), timeout_s)
     found = {}
     if start.since_ms is not None:
         found = await asyncio.wait_for(consumer.offsets_for_times({tp: start.since_ms for tp in tps}), timeout_s)
-    remaining = set()
+    offsets = {}
     for tp in tps:
         offset = firsts[tp]
         if start.since_ms is not None:
             hit = found.get(tp)
             offset = hit.offset if hit is not None else ends[tp]  # nothing at or after since_ms
-        if start.offset is not None:
-            offset = max(offset, start.offset)
-        if start.tail is not None:
-            offset = max(offset, ends[tp] - start.tail)
+        offsets[tp] = _clamped(offset, ends[tp], start)
+    return offsets, ends
+
+
+def _clamped(first: int, end: int, start: ReadStart) -> int:
+    """``first`` moved up to ``start.offset`` and to the last ``start.tail`` records before ``end``."""
+    if start.offset is not None:
+        first = max(first, start.offset)
+    if start.tail is not None:
+        first = max(first, end - start.tail)
+    return first
+
+
+async def _read_kafka(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: ReadStart,
+                      timeout_s: float) -> AsyncIterator[ConsumerRecord]:
+    firsts, ends = await _kafka_start(consumer, tps, start, timeout_s)
+    remaining = set()
+    for tp, offset in firsts.items():
         if offset < ends[tp]:
             consumer.seek(tp, offset)
             remaining.add(tp)
@@ -128,3 +190,36 @@ async def _read_tansu(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
                     yield record
             if tp in ends and await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)
+
+
+
+def _memory_start(broker: "InMemoryBroker", tp: TopicPartition, start: ReadStart) -> int:
+    """The offset Kafka's ListOffsets would give for ``start`` (the log starts at 0: no retention)."""
+    first = 0
+    if start.since_ms is not None:  # the first record at or after since_ms (offsets_for_times)
+        first = next((r.offset for r in broker.records(tp, 0) if r.timestamp >= start.since_ms), broker.end(tp))
+    return _clamped(first, broker.end(tp), start)
+
+
+def _read_memory(endpoints: Endpoints, physical_topic: str, start: ReadStart) -> list[ConsumerRecord]:
+    broker = InMemoryBroker.at(endpoints.kafka_bootstrap)
+    out: list[ConsumerRecord] = []
+    for tp in _chosen(broker.partitions(physical_topic), start):
+        first, end = _memory_start(broker, tp, start), broker.end(tp)
+        out.extend(broker.records(tp, first, max(0, end - first)))
+    return out
+
+
+async def _tail_memory(endpoints: Endpoints, physical_topic: str, start: ReadStart,
+                       poll_ms: int) -> AsyncIterator[ConsumerRecord]:
+    broker = InMemoryBroker.at(endpoints.kafka_bootstrap)
+    positions = {tp: _memory_start(broker, tp, start) for tp in _chosen(broker.partitions(physical_topic), start)}
+    while True:
+        found = False
+        for tp, position in positions.items():
+            for record in broker.records(tp, position):
+                positions[tp] = record.offset + 1
+                found = True
+                yield record
+        if not found:
+            await broker.wait_for_change(poll_ms / 1000)

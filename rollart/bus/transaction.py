@@ -21,8 +21,7 @@ import os
 import socket
 from typing import Any, Callable
 
-from aiokafka.structs import OffsetAndMetadata, TopicPartition
-
+from rollart.bus.backend import OffsetAndMetadata, TopicPartition
 from rollart.bus.producer import BusProducer
 from rollart.config import RollartConfig
 

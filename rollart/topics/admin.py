@@ -69,10 +69,27 @@ def _differences(topic: PhysicalTopic, partitions: int | None, configs: dict[str
     return diffs
 
 
+def _apply_in_memory(endpoints: Endpoints, topics: list[PhysicalTopic]) -> list[TopicReport]:
+    """The in-memory broker (rollart.bus.memory) keeps partitions only: no configs to compare."""
+    from rollart.bus.memory import InMemoryBroker
+
+    broker = InMemoryBroker.at(endpoints.kafka_bootstrap)
+    reports = []
+    for t in topics:
+        if broker.create_topic(t.name, t.partitions):
+            reports.append(TopicReport(t.name, "created"))
+        else:
+            diffs = _differences(t, len(broker.partitions(t.name)), {})
+            reports.append(TopicReport(t.name, "differs" if diffs else "exists", diffs))
+    return reports
+
+
 async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list[PhysicalTopic] | None = None,
                        *, timeout_s: float = 30.0) -> list[TopicReport]:
     """Create missing topics (idempotent) and report differences of existing ones from the catalog."""
     topics = topics if topics is not None else expand_catalog(config)
+    if endpoints.broker == "memory":
+        return _apply_in_memory(endpoints, topics)
     admin = admin_client(config, endpoints)
     await asyncio.wait_for(admin.start(), timeout_s)
     try:

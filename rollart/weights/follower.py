@@ -24,11 +24,9 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from aiokafka import AIOKafkaConsumer
 from prometheus_client import Counter, Gauge, Histogram
 
-from rollart.bus.reader import topic_partitions
-from rollart.endpoints import kafka_client_kwargs
+from rollart.bus.reader import tail
 from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncement
 from rollart.weights.publish import PullResult, StagedVersion, pull_version, sync_version
 from rollart.weights.transport import make_transport
@@ -122,26 +120,14 @@ async def watch_versions(rt, client_id: str, seen: Callable[[VersionAnnouncement
     and then as they come (outside any consumer group: every reader needs every announcement); runs
     until cancelled."""
     config = rt.config
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest",
-                                fetch_max_wait_ms=config.bus.fetch_max_wait_ms, client_id=client_id,
-                                **kafka_client_kwargs(config.kafka, rt.endpoints.kafka_bootstrap))
-    await consumer.start()
-    try:
-        tps = await topic_partitions(consumer, rt.producer.names.physical(POLICY_VERSIONS))
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
-        while True:
-            batch = await consumer.getmany(timeout_ms=200)
-            for record in (r for records in batch.values() for r in records):
-                try:
-                    message = DEFAULT_CODEC.decode(record.value, record.headers, accept=(VersionAnnouncement,)).message
-                except MessageDecodeError:
-                    continue  # not ours to dead-letter: the topic has no consumer group
-                if message.job == config.job:
-                    await seen(message)
-    finally:
-        await consumer.stop()
+    topic = rt.producer.names.physical(POLICY_VERSIONS)
+    async for record in tail(config, rt.endpoints, topic, client_id=client_id):
+        try:
+            message = DEFAULT_CODEC.decode(record.value, record.headers, accept=(VersionAnnouncement,)).message
+        except MessageDecodeError:
+            continue  # not ours to dead-letter: the topic has no consumer group
+        if message.job == config.job:
+            await seen(message)
 
 
 class WeightFollower:

@@ -6,9 +6,9 @@ import asyncio
 
 from rollart.messages import TaskSpec
 from rollart.metrics import PAUSED
-from tests.conftest import BOTH_BROKERS, eventually
+from tests.conftest import ALL_BROKERS, eventually
 
-pytestmark = BOTH_BROKERS  # the broker contract
+pytestmark = ALL_BROKERS  # the broker contract
 
 
 async def _send(runtime, n: int, key_of) -> None:

@@ -6,9 +6,9 @@ import asyncio
 from collections import Counter
 
 from rollart.messages import TaskSpec
-from tests.conftest import BOTH_BROKERS, eventually
+from tests.conftest import ALL_BROKERS, eventually
 
-pytestmark = BOTH_BROKERS  # the broker contract
+pytestmark = ALL_BROKERS  # the broker contract
 
 
 def _task(i: int) -> TaskSpec:

@@ -13,9 +13,8 @@ from rollart.bus.reader import read_to_end
 from rollart.messages import TaskSpec
 from rollart.messages.codec import H_SCHEMA
 from rollart.runtime import open_runtime
-from tests.conftest import BOTH_BROKERS, eventually, make_config
+from tests.conftest import ALL_BROKERS, BOTH_BROKERS, eventually, make_config
 
-pytestmark = BOTH_BROKERS  # the broker contract
 
 
 def _task(i: int) -> TaskSpec:
@@ -26,6 +25,7 @@ async def _dlq_records(runtime, logical: str):
     return [r async for r in read_to_end(runtime.config, runtime.endpoints, f"{runtime.config.job}.{logical}.dlq")]
 
 
+@ALL_BROKERS  # the broker contract
 async def test_garbage_and_unknown_major_go_to_dlq_and_processing_continues(runtime, loops):
     topic = f"{runtime.config.job}.tasks"
     handled = []
@@ -65,6 +65,7 @@ async def _enough(coro, n):
     return records if len(records) >= n else None
 
 
+@ALL_BROKERS
 async def test_handler_failure_is_retried_then_dead_lettered(runtime, loops):
     attempts: dict[str, int] = {}
     done = []
@@ -91,6 +92,7 @@ async def test_handler_failure_is_retried_then_dead_lettered(runtime, loops):
     assert errors == ["handler: PermanentError: never valid", "handler: RuntimeError: env exploded"]
 
 
+@BOTH_BROKERS  # reads the group's commits with an aiokafka consumer
 async def test_dlq_rate_limit_stops_the_consumer_without_committing(endpoints, loops):
     config = make_config(endpoints, bus={"dlq_max_per_minute": 3})
     from rollart.topics import expand_catalog

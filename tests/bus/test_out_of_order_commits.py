@@ -20,7 +20,7 @@ import pytest
 
 from rollart.messages import TaskSpec
 from tests.bus.test_transactions import outputs
-from tests.conftest import BOTH_BROKERS, KAFKA_ONLY, make_config
+from tests.conftest import ALL_BROKERS, KAFKA_ONLY, make_config
 
 N = 6
 
@@ -47,7 +47,7 @@ async def run_member(runtime, handle, until, *, settle_s: float) -> None:
         await running
 
 
-@BOTH_BROKERS
+@ALL_BROKERS
 @pytest.mark.parametrize("config", ["at_least_once"], indirect=True)
 async def test_a_successor_redoes_only_the_message_left_unfinished(runtime, endpoints):
     await successor_redoes_only_the_unfinished(runtime, endpoints)

@@ -13,9 +13,9 @@ from rollart.messages.samples import sample_messages, sample_trajectory
 from rollart.refeed import refeed
 from rollart.replay import ReplayFilter, replay
 from rollart.trace import trace
-from tests.conftest import BOTH_BROKERS
+from tests.conftest import ALL_BROKERS
 
-pytestmark = BOTH_BROKERS  # the broker contract
+pytestmark = ALL_BROKERS  # the broker contract
 
 
 def _scored(i: int, *, tag: str, reward: float, version: int) -> ScoredTrajectory:
