@@ -116,6 +116,12 @@ class RedisKeys:
         return self._key("weights:pulling")
 
     @property
+    def stage_members(self) -> str:
+        """A hash: ``stage`` or ``stage:pool`` → the members a local run should keep (``rollart scale``);
+        one field per scalable stage and pool."""
+        return self._key("stage:members")
+
+    @property
     def eval_pinned(self) -> str:
         """A hash: version → the announcement the eval stage pinned (at most two slots)."""
         return self._key("eval:pinned")

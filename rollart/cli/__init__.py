@@ -494,6 +494,41 @@ def run_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAML.")
     console.print(f"report: {out / 'report.json'}, {out / 'report.png'}")
 
 
+@app.command("scale")
+def scale_cmd(job: Annotated[str, typer.Argument(help="The running job (a run's job: OUT/run.json).")],
+              stage: Annotated[str, typer.Argument(help="A stage with several members: env, reward, generation.")],
+              members: Annotated[int, typer.Argument(help="Members to keep.")],
+              pool: Annotated[Optional[str], typer.Option(help="The generation pool (generation scales per pool).")] = None,
+              config: ConfigOption = None,
+              run: Annotated[Optional[Path], typer.Option(help="The run's OUT folder: reach the stack it started "
+                                                               "itself (no `rollart local up`).")] = None) -> None:
+    """Grow or shrink a stage of a running local job; its supervisor applies it within a second (new
+    members join the groups; leaving ones drain, commit and hand their partitions over)."""
+    from rollart.endpoints import Endpoints, resolve_endpoints
+    from rollart.job.scale import ScaleRequest, request_scale
+    from rollart.local.stack import STACK_FILE, StackState
+    from rollart.state import connect_redis
+
+    cfg = _with_job(_config(config), job)
+    own = StackState.read(run / "stack" / STACK_FILE) if run is not None else None
+
+    async def send() -> None:
+        endpoints = (Endpoints(own.kafka_bootstrap, own.redis_url, "the run's stack") if own is not None
+                     else resolve_endpoints(cfg))
+        redis = connect_redis(endpoints)
+        try:
+            await request_scale(redis, cfg, ScaleRequest(stage, members, pool))
+        finally:
+            await redis.aclose()
+
+    try:
+        _run(send())
+    except ConfigError as exc:
+        err_console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"{cfg.job}: {stage}{f' ({pool})' if pool else ''} -> {members} member(s) requested")
+
+
 @app.command("lag")
 def lag_cmd(config: ConfigOption = None, as_json: Annotated[bool, typer.Option("--json")] = False,
             job: Annotated[Optional[str], typer.Option(help="Job to inspect (e.g. a run's job).")] = None,

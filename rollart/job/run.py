@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from redis.exceptions import RedisError
+
 from rollart.config import ConfigError, RollartConfig
 from rollart.evaluation.tasks import eval_sources, latest_due
+from rollart.job.scale import Scaler
 from rollart.job.report import build_report, eval_record, read_evals, write_report
 from rollart.local.processes import StageProcesses
 from rollart.messages import Abort, CompletedTrajectory, Envelope
@@ -197,6 +200,7 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
         runner = asyncio.create_task(loop.run())
         deadline = time.monotonic() + opts.timeout_s
         shown, streaming_since = 0, None
+        scaler = Scaler(cfg, procs)
         try:
             while True:
                 rows = [r for r in checkpoints.read_record() if "event" not in r]
@@ -213,6 +217,7 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, c
                 if opts.duration_s is not None and streaming_since is not None \
                         and time.monotonic() - streaming_since > opts.duration_s:
                     return
+                await _scale(scaler, rt.redis, opts.out / "retired.json")
                 supervise(procs, restarts, opts)
                 _write_pids(procs, opts.out / "pids.json")
                 if time.monotonic() > deadline:
@@ -247,6 +252,18 @@ def write_prometheus_config(directory: Path, scrape_interval_s: float = 5.0) -> 
                                   "file_sd_configs": [{"files": ["targets.json"], "refresh_interval": "5s"}]}]}
     (directory / "prometheus.yml").write_text(json.dumps(config, indent=1))  # JSON is YAML
     return directory / "targets.json"
+
+
+async def _scale(scaler: Scaler, redis, retired_file: Path) -> None:
+    """Apply `rollart scale` requests; members scaled away and their exit codes go to ``retired_file``
+    (0: the member drained and left its groups)."""
+    known = len(scaler.retired)
+    try:
+        await scaler.reconcile(redis)
+    except RedisError as exc:  # Redis down or flushed mid-read: the next round retries
+        log.warning("scale requests unreadable (%s); keeping the members as they are", exc)
+    if len(scaler.retired) != known:
+        retired_file.write_text(json.dumps(scaler.retired))
 
 
 def _write_pids(procs: StageProcesses, path: Path) -> None:

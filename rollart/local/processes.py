@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,9 @@ class StageProcesses:
     cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # (stage, pool) -> environment of that stage only (its own Kafka login on a secured stack)
     stage_env: dict[tuple[str, str | None], dict[str, str]] = field(default_factory=dict)
+    # Members scaled away (SIGTERM sent: they drain, commit and leave their groups), no longer
+    # supervised; name -> (process, SIGKILL deadline)
+    retiring: dict[str, tuple[StageProcess, float]] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -115,13 +119,34 @@ class StageProcesses:
             tmp.replace(self.metrics_targets)  # Prometheus re-reads file_sd files on change
         return self.metrics_ports[name][1]
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        process = self.stages[name]
+    def kill(self, name: str, sig: int = signal.SIGKILL, process: StageProcess | None = None) -> None:
+        process = process or self.stages[name]
         if process.alive():
             process.proc.send_signal(sig)
             process.proc.wait()
         if sig == signal.SIGKILL:
             process.reap_group()
+
+    def retire(self, name: str, grace_s: float = 60.0) -> None:
+        """Stop a member for good, gracefully: SIGTERM now (the stage drains what it holds, commits and
+        leaves its groups, so the others take its partitions over), SIGKILL if it is still there after
+        ``grace_s`` (:meth:`reap_retired`). It is not restarted."""
+        process = self.stages.pop(name)
+        if process.alive():
+            process.proc.send_signal(signal.SIGTERM)
+        self.retiring[name] = (process, time.monotonic() + grace_s)
+
+    def reap_retired(self) -> dict[str, int | None]:
+        """Retired members that are gone now, with their exit codes (SIGKILLed past their grace)."""
+        gone = {}
+        for name, (process, deadline) in list(self.retiring.items()):
+            if process.alive() and time.monotonic() > deadline:
+                self.kill(name, signal.SIGKILL, process)
+            if not process.alive():
+                process.reap_group()
+                gone[name] = process.proc.returncode if process.proc else None
+                del self.retiring[name]
+        return gone
 
     def failed(self) -> list[str]:
         """Stages that exited with an error (a feeder that released all its groups exits 0)."""
@@ -130,6 +155,9 @@ class StageProcesses:
     def stop_all(self, grace_s: float = 20.0) -> dict[str, int | None]:
         """SIGTERM each stage, the last started first (the feeder before the env stage before the
         engines), waiting for each so upstream work drains into live downstream stages."""
+        for name, (process, _) in self.retiring.items():  # already leaving: its grace ends now
+            self.stages.setdefault(name, process)
+        self.retiring.clear()
         for process in reversed(list(self.stages.values())):
             if not process.alive():
                 continue

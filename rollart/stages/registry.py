@@ -45,6 +45,12 @@ class Stage:
     def label(self) -> str:
         return self.short or self.name
 
+    def member_name(self, pool: str | None, index: int) -> str:
+        """A local member's process name (``env-1``, ``gen-default-0``; a single writer has one: its label)."""
+        if self.single_writer:
+            return self.label()
+        return "-".join([self.label(), *([pool] if pool else []), str(index)])
+
     def command(self, pool: str | None = None) -> tuple[str, ...]:
         """The arguments of `rollart consume` for one member (of ``pool``)."""
         return (self.name, *(("--pool", pool) if self.per_pool else ()))
@@ -99,8 +105,7 @@ def local_processes(config, *, training: bool, members: dict[str, int] | None = 
         count = members.get(stage.name, 1)
         for pool in (config.pools if stage.per_pool else [None]):
             for i in range(count):
-                parts = [stage.label(), *([pool] if pool else [])]
-                name = f"{'-'.join(parts)}-{i}" if not stage.single_writer else stage.label()
+                name = stage.member_name(pool, i)
                 resumed = ("--resume",) if resume and "resume" in stage.options else ()
                 out.append((name, (*stage.command(pool), *resumed)))
     return out
