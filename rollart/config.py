@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, ValidationError, field_validator, \
+    model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rollart.envs.faults import FaultSpec
@@ -210,36 +211,110 @@ class SamplingConfig(Section):
     max_tokens: int = Field(default=8, ge=1)
 
 
-class RewardSpec(Section):
-    """How a tag's trajectories are scored (see rollart.rewards)."""
+REWARD_TYPES = ("env", "rule", "http", "judge", "python")
+DEFAULT_REWARD_CONCURRENCY = 16  # what a reward type without a ``concurrency`` counts towards the stage's in-flight
 
-    type: Literal["env", "rule", "http", "judge", "python"] = "env"
-    rule: Literal["math_answer", "format"] | None = None  # type=rule
-    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # type=python: module:fn
-    url: str | None = None  # type=http
+
+class _Reward(Section):
+    """What every reward type has: its ``type``, the discriminator (see :data:`RewardSpec`)."""
+
+    type: str
+
+    @model_validator(mode="after")
+    def _type_is_always_set(self) -> "_Reward":
+        # A dump of what was set (``with_updates``) keeps the type, which picks the model again.
+        self.__pydantic_fields_set__.add("type")
+        return self
+
+
+class EnvReward(_Reward):
+    """The env's own rewards (the default)."""
+
+    type: Literal["env"] = "env"
+
+
+class _ScoredReward(_Reward):
+    """A reward computed beside the env's: the env reward is kept as a component and, unless
+    ``include_env_reward`` is off, added."""
+
+    include_env_reward: bool = True
+
+
+class RuleReward(_ScoredReward):
+    """A local rule (rollart.rewards.rules)."""
+
+    type: Literal["rule"] = "rule"
+    rule: Literal["math_answer", "format"] | None = None
+    format_penalty: float = -0.1
+
+    @model_validator(mode="after")
+    def _needs_a_rule(self) -> "RuleReward":
+        if self.rule is None:
+            raise ValueError("type rule needs a rule name (rule: math_answer or format)")
+        return self
+
+
+class HttpReward(_ScoredReward):
+    """A serverless function scoring over HTTP (rollart.rewards.http)."""
+
+    type: Literal["http"] = "http"
+    url: str | None = None
     token_env: str | None = None  # name of the env var holding the bearer token
     timeout_s: float = Field(default=10.0, gt=0)
     attempts: int = Field(default=4, ge=1)
     backoff_s: float = Field(default=0.2, ge=0)
-    concurrency: int = Field(default=16, ge=1)
+    concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
     allow_insecure_remote: bool = False  # plain HTTP to a non-loopback host
-    format_penalty: float = -0.1
-    include_env_reward: bool = True
-    pool: str | None = None  # type=judge: the generation pool that serves the judge model
+
+    @model_validator(mode="after")
+    def _usable_url(self) -> "HttpReward":
+        reward_url_problem = _reward_url_problem(self.url, self.allow_insecure_remote)
+        if reward_url_problem:
+            raise ValueError(reward_url_problem)
+        return self
+
+
+class JudgeReward(_ScoredReward):
+    """An LLM judge served by a generation pool, asked over the bus (rollart.stages.reward)."""
+
+    type: Literal["judge"] = "judge"
+    pool: str | None = None  # the generation pool that serves the judge model
+    timeout_s: float = Field(default=10.0, gt=0)
+    concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
     judge_prompt: str = ("Rate the answer from 0 to 1.\nTask: {question}\nAnswer: {final_text}\nScore:")
     judge_max_tokens: int = Field(default=8, ge=1)
 
+
+class PythonReward(_ScoredReward):
+    """A Python function by import path (rollart.rewards.python)."""
+
+    type: Literal["python"] = "python"
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # module:fn
+    timeout_s: float = Field(default=10.0, gt=0)
+    concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
+
     @model_validator(mode="after")
-    def _type_needs_its_fields(self) -> "RewardSpec":
-        if self.type == "rule" and self.rule is None:
-            raise ValueError("type rule needs a rule name (rule: math_answer or format)")
-        if self.type == "python" and self.function is None:
+    def _needs_a_function(self) -> "PythonReward":
+        if self.function is None:
             raise ValueError("type python needs a function ('package.module:fn')")
-        if self.type == "http":
-            reward_url_problem = _reward_url_problem(self.url, self.allow_insecure_remote)
-            if reward_url_problem:
-                raise ValueError(reward_url_problem)
         return self
+
+
+def _reward_type(value: Any) -> Any:
+    """The union's tag: ``type``, ``env`` when a mapping leaves it out."""
+    if isinstance(value, dict):
+        return value.get("type", "env")
+    return getattr(value, "type", None)
+
+
+# How a tag's trajectories are scored (see rollart.rewards): one model per ``type``, each with only
+# its own fields, so a field of another type (``url`` on a rule) is an error naming it.
+RewardSpec: TypeAlias = Annotated[
+    Annotated[EnvReward, Tag("env")] | Annotated[RuleReward, Tag("rule")] | Annotated[HttpReward, Tag("http")]
+    | Annotated[JudgeReward, Tag("judge")] | Annotated[PythonReward, Tag("python")],
+    Discriminator(_reward_type, custom_error_type="reward_type",
+                  custom_error_message=f"reward type must be one of {', '.join(REWARD_TYPES)}"),
+]
 
 
 def _reward_url_problem(url: str | None, allow_insecure_remote: bool) -> str | None:
@@ -296,7 +371,7 @@ class TagConfig(Section):
     weight: float = Field(default=1.0, ge=0)
     dataset: DatasetSpec | None = None  # prompt tasks: JSONL, parquet or a Hugging Face dataset directory
     max_turns: int | None = Field(default=None, ge=1)
-    reward: RewardSpec = RewardSpec()
+    reward: RewardSpec = EnvReward()
     faults: FaultSpec | None = None
 
     @field_validator("dataset", mode="before")
@@ -559,7 +634,7 @@ class RollartConfig(BaseSettings):
         for tag, spec in self.tags.items():
             if spec.pool is not None and spec.pool not in self.pools:
                 raise ValueError(f"tags.{tag}.pool {spec.pool!r} is not one of pools {self.pools}")
-            if spec.reward.type == "judge" and spec.reward.pool not in self.pools:
+            if isinstance(spec.reward, JudgeReward) and spec.reward.pool not in self.pools:
                 raise ValueError(f"tags.{tag}.reward.pool {spec.reward.pool!r} (the judge) is not one of {self.pools}")
         return self
 
@@ -582,7 +657,7 @@ class RollartConfig(BaseSettings):
             if spec.weight > 0 and self.pool_for(tag) == pool:
                 raise ValueError(f"eval.pool {pool!r} serves tags.{tag}, which trains; give the tag another pool "
                                  f"(tags.{tag}.pool or routing.default_pool)")
-            if spec.reward.type == "judge" and spec.reward.pool == pool:
+            if isinstance(spec.reward, JudgeReward) and spec.reward.pool == pool:
                 raise ValueError(f"eval.pool {pool!r} is tags.{tag}.reward.pool (a judge follows the latest version)")
         return self
 
@@ -629,17 +704,28 @@ def _merged(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
     for key, value in updates.items():
         if isinstance(value, BaseModel):
             value = value.model_dump(exclude_unset=True)
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        # A different reward type is a different model: replaced, not merged into the old one's fields.
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+                and value.get("type", merged[key].get("type")) == merged[key].get("type"):
             merged[key] = _merged(merged[key], value)
         else:
             merged[key] = value
     return merged
 
 
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``loc`` as a dotted path of fields: without the reward type pydantic adds as a step through the
+    union (``tags.web.reward.url``, not ``tags.web.reward.http.url``)."""
+    parts = list(loc)
+    if len(parts) > 3 and parts[0] == "tags" and parts[2] == "reward" and parts[3] in REWARD_TYPES:
+        del parts[3]
+    return ".".join(str(p) for p in parts) or "<root>"
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        where = _field_path(err["loc"])
         lines.append(f"  {where}: {err['msg']}")
     return "\n".join(lines)
 
