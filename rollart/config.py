@@ -10,6 +10,7 @@ error names the field.
 from __future__ import annotations
 
 from contextvars import ContextVar
+import random
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -22,7 +23,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # still importable from here.
 from rollart.deploy.settings import Autoscaling, DeployConfig as DeployConfig, StageDeployment as StageDeployment, \
     gpu_stage
-from rollart.envs.faults import FaultSpec
 from rollart.section import Section
 
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"  # no dots: dots separate job from topic
@@ -361,6 +361,37 @@ class DatasetSpec(Section):
     @property
     def holds_out(self) -> bool:
         return bool(self.eval_rows or self.eval_split)
+
+
+class Latency(Section):
+    """A delay drawn per call (rollart.envs.faults)."""
+
+    dist: Literal["fixed", "gaussian", "exponential"] = "fixed"
+    mean_s: float = Field(default=0.0, ge=0)
+    sigma_s: float = Field(default=0.0, ge=0)
+
+    def draw(self, rng: random.Random) -> float:
+        if self.mean_s == 0:
+            return 0.0
+        if self.dist == "gaussian":
+            return max(0.0, rng.gauss(self.mean_s, self.sigma_s))
+        if self.dist == "exponential":
+            return rng.expovariate(1 / self.mean_s)
+        return self.mean_s
+
+
+class FaultSpec(Section):
+    """Faults injected into a tag's env (``tags.<tag>.faults``; rollart.envs.faults.FaultyEnv)."""
+
+    reset_latency: Latency = Latency()
+    step_latency: Latency = Latency()
+    reset_failure_rate: float = Field(default=0.0, ge=0, le=1)
+    step_failure_rate: float = Field(default=0.0, ge=0, le=1)
+    hang_rate: float = Field(default=0.0, ge=0, le=1)  # a step that never returns (until a timeout)
+    # A straggler: a step that takes straggler_latency on top of step_latency (a slow machine, a
+    # cold cache, a contended sandbox).
+    straggler_rate: float = Field(default=0.0, ge=0, le=1)
+    straggler_latency: Latency = Latency()
 
 
 class TagConfig(Section):
