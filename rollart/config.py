@@ -10,24 +10,26 @@ error names the field.
 from __future__ import annotations
 
 from contextvars import ContextVar
+import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, SecretStr, Tag, ValidationError, field_validator, \
+    model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rollart.envs.faults import FaultSpec
+# The deploy section's models live with the deploy package; StageDeployment and DeployConfig are
+# still importable from here.
+from rollart.deploy.settings import Autoscaling, DeployConfig as DeployConfig, StageDeployment as StageDeployment, \
+    gpu_stage
+from rollart.section import Section
 
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"  # no dots: dots separate job from topic
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names every offending field."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class KafkaConfig(Section):
@@ -210,36 +212,110 @@ class SamplingConfig(Section):
     max_tokens: int = Field(default=8, ge=1)
 
 
-class RewardSpec(Section):
-    """How a tag's trajectories are scored (see rollart.rewards)."""
+REWARD_TYPES = ("env", "rule", "http", "judge", "python")
+DEFAULT_REWARD_CONCURRENCY = 16  # what a reward type without a ``concurrency`` counts towards the stage's in-flight
 
-    type: Literal["env", "rule", "http", "judge", "python"] = "env"
-    rule: Literal["math_answer", "format"] | None = None  # type=rule
-    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # type=python: module:fn
-    url: str | None = None  # type=http
+
+class _Reward(Section):
+    """What every reward type has: its ``type``, the discriminator (see :data:`RewardSpec`)."""
+
+    type: str
+
+    @model_validator(mode="after")
+    def _type_is_always_set(self) -> "_Reward":
+        # A dump of what was set (``with_updates``) keeps the type, which picks the model again.
+        self.__pydantic_fields_set__.add("type")
+        return self
+
+
+class EnvReward(_Reward):
+    """The env's own rewards (the default)."""
+
+    type: Literal["env"] = "env"
+
+
+class _ScoredReward(_Reward):
+    """A reward computed beside the env's: the env reward is kept as a component and, unless
+    ``include_env_reward`` is off, added."""
+
+    include_env_reward: bool = True
+
+
+class RuleReward(_ScoredReward):
+    """A local rule (rollart.rewards.rules)."""
+
+    type: Literal["rule"] = "rule"
+    rule: Literal["math_answer", "format"] | None = None
+    format_penalty: float = -0.1
+
+    @model_validator(mode="after")
+    def _needs_a_rule(self) -> "RuleReward":
+        if self.rule is None:
+            raise ValueError("type rule needs a rule name (rule: math_answer or format)")
+        return self
+
+
+class HttpReward(_ScoredReward):
+    """A serverless function scoring over HTTP (rollart.rewards.http)."""
+
+    type: Literal["http"] = "http"
+    url: str | None = None
     token_env: str | None = None  # name of the env var holding the bearer token
     timeout_s: float = Field(default=10.0, gt=0)
     attempts: int = Field(default=4, ge=1)
     backoff_s: float = Field(default=0.2, ge=0)
-    concurrency: int = Field(default=16, ge=1)
+    concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
     allow_insecure_remote: bool = False  # plain HTTP to a non-loopback host
-    format_penalty: float = -0.1
-    include_env_reward: bool = True
-    pool: str | None = None  # type=judge: the generation pool that serves the judge model
+
+    @model_validator(mode="after")
+    def _usable_url(self) -> "HttpReward":
+        reward_url_problem = _reward_url_problem(self.url, self.allow_insecure_remote)
+        if reward_url_problem:
+            raise ValueError(reward_url_problem)
+        return self
+
+
+class JudgeReward(_ScoredReward):
+    """An LLM judge served by a generation pool, asked over the bus (rollart.stages.reward)."""
+
+    type: Literal["judge"] = "judge"
+    pool: str | None = None  # the generation pool that serves the judge model
+    timeout_s: float = Field(default=10.0, gt=0)
+    concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
     judge_prompt: str = ("Rate the answer from 0 to 1.\nTask: {question}\nAnswer: {final_text}\nScore:")
     judge_max_tokens: int = Field(default=8, ge=1)
 
+
+class PythonReward(_ScoredReward):
+    """A Python function by import path (rollart.rewards.python)."""
+
+    type: Literal["python"] = "python"
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # module:fn
+    timeout_s: float = Field(default=10.0, gt=0)
+    concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
+
     @model_validator(mode="after")
-    def _type_needs_its_fields(self) -> "RewardSpec":
-        if self.type == "rule" and self.rule is None:
-            raise ValueError("type rule needs a rule name (rule: math_answer or format)")
-        if self.type == "python" and self.function is None:
+    def _needs_a_function(self) -> "PythonReward":
+        if self.function is None:
             raise ValueError("type python needs a function ('package.module:fn')")
-        if self.type == "http":
-            reward_url_problem = _reward_url_problem(self.url, self.allow_insecure_remote)
-            if reward_url_problem:
-                raise ValueError(reward_url_problem)
         return self
+
+
+def _reward_type(value: Any) -> Any:
+    """The union's tag: ``type``, ``env`` when a mapping leaves it out."""
+    if isinstance(value, dict):
+        return value.get("type", "env")
+    return getattr(value, "type", None)
+
+
+# How a tag's trajectories are scored (see rollart.rewards): one model per ``type``, each with only
+# its own fields, so a field of another type (``url`` on a rule) is an error naming it.
+RewardSpec: TypeAlias = Annotated[
+    Annotated[EnvReward, Tag("env")] | Annotated[RuleReward, Tag("rule")] | Annotated[HttpReward, Tag("http")]
+    | Annotated[JudgeReward, Tag("judge")] | Annotated[PythonReward, Tag("python")],
+    Discriminator(_reward_type, custom_error_type="reward_type",
+                  custom_error_message=f"reward type must be one of {', '.join(REWARD_TYPES)}"),
+]
 
 
 def _reward_url_problem(url: str | None, allow_insecure_remote: bool) -> str | None:
@@ -287,6 +363,37 @@ class DatasetSpec(Section):
         return bool(self.eval_rows or self.eval_split)
 
 
+class Latency(Section):
+    """A delay drawn per call (rollart.envs.faults)."""
+
+    dist: Literal["fixed", "gaussian", "exponential"] = "fixed"
+    mean_s: float = Field(default=0.0, ge=0)
+    sigma_s: float = Field(default=0.0, ge=0)
+
+    def draw(self, rng: random.Random) -> float:
+        if self.mean_s == 0:
+            return 0.0
+        if self.dist == "gaussian":
+            return max(0.0, rng.gauss(self.mean_s, self.sigma_s))
+        if self.dist == "exponential":
+            return rng.expovariate(1 / self.mean_s)
+        return self.mean_s
+
+
+class FaultSpec(Section):
+    """Faults injected into a tag's env (``tags.<tag>.faults``; rollart.envs.faults.FaultyEnv)."""
+
+    reset_latency: Latency = Latency()
+    step_latency: Latency = Latency()
+    reset_failure_rate: float = Field(default=0.0, ge=0, le=1)
+    step_failure_rate: float = Field(default=0.0, ge=0, le=1)
+    hang_rate: float = Field(default=0.0, ge=0, le=1)  # a step that never returns (until a timeout)
+    # A straggler: a step that takes straggler_latency on top of step_latency (a slow machine, a
+    # cold cache, a contended sandbox).
+    straggler_rate: float = Field(default=0.0, ge=0, le=1)
+    straggler_latency: Latency = Latency()
+
+
 class TagConfig(Section):
     """One task domain: its environment, generation pool, reward and sampling weight."""
 
@@ -296,7 +403,7 @@ class TagConfig(Section):
     weight: float = Field(default=1.0, ge=0)
     dataset: DatasetSpec | None = None  # prompt tasks: JSONL, parquet or a Hugging Face dataset directory
     max_turns: int | None = Field(default=None, ge=1)
-    reward: RewardSpec = RewardSpec()
+    reward: RewardSpec = EnvReward()
     faults: FaultSpec | None = None
 
     @field_validator("dataset", mode="before")
@@ -345,84 +452,6 @@ class EnvStageConfig(Section):
     # rerun by whoever gets their task next (their task offsets are not committed).
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     sampling: SamplingConfig = SamplingConfig()
-
-
-class Toleration(Section):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-
-
-class Autoscaling(Section):
-    """A KEDA ScaledObject on the group's lag (summed over its topics' partitions)."""
-
-    min_replicas: int = Field(default=1, ge=0)  # 0: scale to zero while there is no lag
-    max_replicas: int = Field(default=8, ge=1)  # more than the topic's partitions would sit idle
-    lag_threshold: int = Field(default=16, ge=1)  # target lag per replica
-    activation_lag_threshold: int = Field(default=0, ge=0)  # lag that wakes a group scaled to zero
-    polling_interval_s: int = Field(default=15, ge=1)
-    cooldown_s: int = Field(default=300, ge=0)  # before scaling to zero
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "Autoscaling":
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
-        return self
-
-
-class StageDeployment(Section):
-    """Where and how big one consumer group's pods are (its hardware class)."""
-
-    replicas: int = Field(default=1, ge=0)  # without autoscaling
-    autoscaling: Autoscaling | None = None
-    cpu: str = "1"
-    memory: str = "2Gi"
-    gpus: int = Field(default=0, ge=0)
-    gpu_resource: str = "nvidia.com/gpu"
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    # Until the first poll (loading a model can take many minutes); None: 30 min with GPUs, else 5 min.
-    startup_timeout_s: int | None = Field(default=None, ge=10)
-    shm: str | None = None  # size of a memory-backed /dev/shm (NCCL, vLLM workers)
-
-    @property
-    def startup_s(self) -> int:
-        return self.startup_timeout_s or (1800 if self.gpus else 300)
-
-
-def _gpu_stage(**kw: Any) -> StageDeployment:
-    return StageDeployment(gpus=1, cpu="8", memory="64Gi", shm="16Gi", **kw)
-
-
-class DeployConfig(Section):
-    """Kubernetes rendering of the job (``rollart deploy render``)."""
-
-    namespace: str = Field(default="rollart", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
-    image: str = "ghcr.io/rollart/rollart:0.1.0"
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    kafka_cluster: str = "rollart"  # the Strimzi Kafka resource the KafkaTopics belong to
-    kafka_bootstrap: str = "rollart-kafka-bootstrap:9092"
-    secret: str | None = None  # a Secret whose keys become env vars (ROLLART_KAFKA_SASL_PASSWORD, ...)
-    # One Strimzi KafkaUser per stage (SCRAM-SHA-512, the ACLs rollart.topics.access derives from the
-    # catalog); each stage's pods log in as theirs, the password from the Secret Strimzi writes for it.
-    kafka_users: bool = False
-    redis: bool = True  # deploy a Redis (a cache: every counter rebuilds from the topics); False: redis.url
-    redis_image: str = "redis:7.2-alpine"
-    mooncake: bool = True  # deploy a Mooncake master and store for weight buckets
-    mooncake_store_bytes: int = Field(default=8 << 30, ge=1 << 20)
-    models_pvc: str | None = None  # a PersistentVolumeClaim holding model.path, mounted read-only
-    checkpoints_size: str = "100Gi"  # the trainer's checkpoint volume
-    storage_class: str | None = None
-    metrics_port: int = Field(default=9400, ge=1024, le=65535)
-    scrape_interval_s: int = Field(default=15, ge=1)
-    feeder: StageDeployment = StageDeployment(cpu="500m", memory="1Gi")
-    env: StageDeployment = StageDeployment(cpu="4", memory="8Gi", autoscaling=Autoscaling(max_replicas=16))
-    reward: StageDeployment = StageDeployment(autoscaling=Autoscaling(min_replicas=0, max_replicas=8,
-                                                                      lag_threshold=32, cooldown_s=120))
-    trainer: StageDeployment = _gpu_stage()
-    eval: StageDeployment = StageDeployment(cpu="500m", memory="1Gi")  # the eval stage (its pool is under pools)
-    pools: dict[str, StageDeployment] = Field(default_factory=dict)  # generation pools; unset: one GPU each
 
 
 TANSU_HAS_NO_TRANSACTIONS = ("bus.processing_guarantee: exactly_once needs Kafka transactions, which Tansu (the "
@@ -559,7 +588,7 @@ class RollartConfig(BaseSettings):
         for tag, spec in self.tags.items():
             if spec.pool is not None and spec.pool not in self.pools:
                 raise ValueError(f"tags.{tag}.pool {spec.pool!r} is not one of pools {self.pools}")
-            if spec.reward.type == "judge" and spec.reward.pool not in self.pools:
+            if isinstance(spec.reward, JudgeReward) and spec.reward.pool not in self.pools:
                 raise ValueError(f"tags.{tag}.reward.pool {spec.reward.pool!r} (the judge) is not one of {self.pools}")
         return self
 
@@ -582,7 +611,7 @@ class RollartConfig(BaseSettings):
             if spec.weight > 0 and self.pool_for(tag) == pool:
                 raise ValueError(f"eval.pool {pool!r} serves tags.{tag}, which trains; give the tag another pool "
                                  f"(tags.{tag}.pool or routing.default_pool)")
-            if spec.reward.type == "judge" and spec.reward.pool == pool:
+            if isinstance(spec.reward, JudgeReward) and spec.reward.pool == pool:
                 raise ValueError(f"eval.pool {pool!r} is tags.{tag}.reward.pool (a judge follows the latest version)")
         return self
 
@@ -593,7 +622,7 @@ class RollartConfig(BaseSettings):
         return self.env.sampling.model_copy(update={"temperature": 0.0})
 
     def pool_deployment(self, pool: str) -> StageDeployment:
-        return self.deploy.pools.get(pool) or _gpu_stage(autoscaling=Autoscaling(max_replicas=8))
+        return self.deploy.pools.get(pool) or gpu_stage(autoscaling=Autoscaling(max_replicas=8))
 
     def pool_for(self, tag: str) -> str:
         spec = self.tags.get(tag)
@@ -629,17 +658,28 @@ def _merged(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
     for key, value in updates.items():
         if isinstance(value, BaseModel):
             value = value.model_dump(exclude_unset=True)
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        # A different reward type is a different model: replaced, not merged into the old one's fields.
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+                and value.get("type", merged[key].get("type")) == merged[key].get("type"):
             merged[key] = _merged(merged[key], value)
         else:
             merged[key] = value
     return merged
 
 
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``loc`` as a dotted path of fields: without the reward type pydantic adds as a step through the
+    union (``tags.web.reward.url``, not ``tags.web.reward.http.url``)."""
+    parts = list(loc)
+    if len(parts) > 3 and parts[0] == "tags" and parts[2] == "reward" and parts[3] in REWARD_TYPES:
+        del parts[3]
+    return ".".join(str(p) for p in parts) or "<root>"
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        where = _field_path(err["loc"])
         lines.append(f"  {where}: {err['msg']}")
     return "\n".join(lines)
 

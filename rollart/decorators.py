@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from rollart.config import RewardSpec, RollartConfig
+from rollart.config import HttpReward, PythonReward, RewardSpec, RollartConfig
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ def hw_mapping(*, pool: str, tags: list[str] | tuple[str, ...]) -> Callable[[T],
 
 def register_serverless(*, tag: str, url: str, **options: Any) -> Callable[[T], T]:
     """Score ``tag``'s trajectories with the HTTP function at ``url`` (ROLLART R3)."""
-    spec = RewardSpec(type="http", url=url, **options)
+    spec = HttpReward(url=url, **options)
 
     def register(target: T) -> T:
         _REWARDS[tag] = spec
@@ -54,7 +54,7 @@ def register_reward(*, tag: str, **options: Any) -> Callable[[T], T]:
         path = f"{fn.__module__}:{fn.__qualname__}"
         if "<locals>" in path:
             raise ValueError(f"register_reward: {path} is not importable (define it at module level)")
-        _REWARDS[tag] = RewardSpec(type="python", function=path, **options)
+        _REWARDS[tag] = PythonReward(function=path, **options)
         return fn
     return register
 

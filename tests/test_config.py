@@ -98,3 +98,54 @@ def test_an_unusable_http_reward_fails_at_config_load_naming_the_tag(reward, pro
     allowed = {**reward, "allow_insecure_remote": True}
     if problem.startswith("refusing"):
         assert build_config({"tags": {"web": {"env": "frozenlake", "reward": allowed}}}).tags["web"].reward.url
+
+
+@pytest.mark.parametrize("reward, model", [
+    (None, "EnvReward"),
+    ({}, "EnvReward"),
+    ({"type": "env"}, "EnvReward"),
+    ({"type": "rule", "rule": "math_answer", "format_penalty": -1}, "RuleReward"),
+    ({"type": "http", "url": "https://rewards.example/score", "token_env": "T", "attempts": 2}, "HttpReward"),
+    ({"type": "judge", "pool": "default", "judge_max_tokens": 4}, "JudgeReward"),
+    ({"type": "python", "function": "pkg.mod:fn", "timeout_s": 3}, "PythonReward"),
+])
+def test_each_reward_type_parses_to_its_own_model(reward, model):
+    from rollart.config import build_config
+
+    tag = {"env": "frozenlake"} if reward is None else {"env": "frozenlake", "reward": reward}
+    config = build_config({"tags": {"t": tag}})
+    spec = config.tags["t"].reward
+    assert type(spec).__name__ == model
+    assert config.with_updates(job="again").tags["t"].reward == spec, "a dump of what was set picks the model again"
+
+
+@pytest.mark.parametrize("reward, field", [
+    ({"type": "rule", "rule": "format", "url": "https://rewards.example/score"}, "url"),
+    ({"type": "env", "include_env_reward": False}, "include_env_reward"),
+    ({"rule": "math_answer"}, "rule"),  # no type: env, which has no rule
+    ({"type": "http", "url": "https://rewards.example/score", "pool": "default"}, "pool"),
+    ({"type": "judge", "pool": "default", "function": "pkg.mod:fn"}, "function"),
+    ({"type": "python", "function": "pkg.mod:fn", "judge_prompt": "?"}, "judge_prompt"),
+])
+def test_a_field_of_another_reward_type_is_refused_naming_it(reward, field):
+    from rollart.config import build_config
+
+    with pytest.raises(ConfigError, match=rf"tags\.t\.reward\.{field}: Extra inputs are not permitted"):
+        build_config({"tags": {"t": {"env": "frozenlake", "reward": reward}}})
+
+
+def test_an_unknown_reward_type_is_refused_naming_the_types():
+    from rollart.config import build_config
+
+    with pytest.raises(ConfigError, match=r"tags\.t\.reward: reward type must be one of env, rule, http, judge, python"):
+        build_config({"tags": {"t": {"env": "frozenlake", "reward": {"type": "llm"}}}})
+
+
+def test_an_override_that_changes_the_reward_type_replaces_the_reward():
+    from rollart.config import HttpReward, build_config
+
+    config = build_config({"tags": {"t": {"env": "frozenlake", "reward": {"type": "rule", "rule": "format"}}}})
+    changed = config.with_updates(tags={"t": {"reward": {"type": "http", "url": "https://rewards.example/score"}}})
+    assert isinstance(changed.tags["t"].reward, HttpReward)
+    kept = config.with_updates(tags={"t": {"reward": {"include_env_reward": False}}})
+    assert kept.tags["t"].reward.rule == "format" and not kept.tags["t"].reward.include_env_reward

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollart.config import ConfigError, RollartConfig, StageDeployment
+from rollart.config import ConfigError, RollartConfig
+from rollart.deploy.settings import StageDeployment
 from rollart.topics import expand_catalog, load_catalog
 from rollart.stages.registry import STAGES
 from rollart.topics.access import job_access

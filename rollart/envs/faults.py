@@ -8,46 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+# The settings (``tags.<tag>.faults``) are validated with the rest of the config; imported from there.
+from rollart.config import FaultSpec, Latency as Latency
 from rollart.envs.base import Env, StepResult
 
 
 class EnvFailure(RuntimeError):
     """An injected environment failure."""
-
-
-class Latency(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dist: Literal["fixed", "gaussian", "exponential"] = "fixed"
-    mean_s: float = Field(default=0.0, ge=0)
-    sigma_s: float = Field(default=0.0, ge=0)
-
-    def draw(self, rng: random.Random) -> float:
-        if self.mean_s == 0:
-            return 0.0
-        if self.dist == "gaussian":
-            return max(0.0, rng.gauss(self.mean_s, self.sigma_s))
-        if self.dist == "exponential":
-            return rng.expovariate(1 / self.mean_s)
-        return self.mean_s
-
-
-class FaultSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    reset_latency: Latency = Latency()
-    step_latency: Latency = Latency()
-    reset_failure_rate: float = Field(default=0.0, ge=0, le=1)
-    step_failure_rate: float = Field(default=0.0, ge=0, le=1)
-    hang_rate: float = Field(default=0.0, ge=0, le=1)  # a step that never returns (until a timeout)
-    # A straggler: a step that takes straggler_latency on top of step_latency (a slow machine, a
-    # cold cache, a contended sandbox).
-    straggler_rate: float = Field(default=0.0, ge=0, le=1)
-    straggler_latency: Latency = Latency()
 
 
 class FaultyEnv:

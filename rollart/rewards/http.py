@@ -15,7 +15,7 @@ import os
 
 import aiohttp
 
-from rollart.config import RewardSpec, _reward_url_problem
+from rollart.config import HttpReward, _reward_url_problem
 
 
 class RewardCallFailed(RuntimeError):
@@ -26,8 +26,8 @@ class RewardCallFailed(RuntimeError):
         self.transient = transient
 
 
-def check_url(spec: RewardSpec) -> str:
-    """The spec's url (RewardSpec's validator refuses one that cannot be used, at config load)."""
+def check_url(spec: HttpReward) -> str:
+    """The spec's url (HttpReward's validator refuses one that cannot be used, at config load)."""
     problem = _reward_url_problem(spec.url, spec.allow_insecure_remote)
     if problem or spec.url is None:
         raise ValueError(problem or "an http reward needs a url")
@@ -35,7 +35,7 @@ def check_url(spec: RewardSpec) -> str:
 
 
 class HttpRewardClient:
-    def __init__(self, spec: RewardSpec):
+    def __init__(self, spec: HttpReward):
         self.spec = spec
         self.url = check_url(spec)
         self._semaphore = asyncio.Semaphore(spec.concurrency)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rollart.config import RewardSpec
+from rollart.config import PythonReward as PythonRewardSpec
 from rollart.imports import import_by_path
 from rollart.messages import CompletedTrajectory
 from rollart.rewards.http import RewardCallFailed
@@ -78,7 +78,7 @@ def _finite(path: str, value: Any, what: str) -> float:
 class PythonReward:
     """One tag's Python reward function, called with bounded concurrency and a timeout."""
 
-    def __init__(self, spec: RewardSpec):
+    def __init__(self, spec: PythonRewardSpec):
         self.spec = spec
         self.path = spec.function
         self.fn = load_reward_function(spec.function)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 
-from rollart.config import RewardSpec, RollartConfig
+from rollart.config import EnvReward, HttpReward, PythonReward as PythonRewardSpec, RewardSpec, RollartConfig, \
+    RuleReward
 from rollart.messages import CompletedTrajectory, ScoredTrajectory
 from rollart.rewards.http import HttpRewardClient
 from rollart.rewards.python import PythonReward, RewardInput
 from rollart.rewards.rules import RULES, last_turn_tokens
 
-DEFAULT_SPEC = RewardSpec()
+DEFAULT_SPEC = EnvReward()
 
 
 def reward_spec(config: RollartConfig, tag: str) -> RewardSpec:
@@ -25,7 +26,8 @@ def reward_spec(config: RollartConfig, tag: str) -> RewardSpec:
 
 def scored_trajectory(trajectory: CompletedTrajectory, reward: float, components: dict[str, float],
                       spec: RewardSpec) -> ScoredTrajectory:
-    scorer = {"rule": f"rule:{spec.rule}", "python": f"python:{spec.function}"}.get(spec.type, spec.type)
+    scorer = f"rule:{spec.rule}" if isinstance(spec, RuleReward) else \
+        f"python:{spec.function}" if isinstance(spec, PythonRewardSpec) else spec.type
     return ScoredTrajectory(trajectory=trajectory, reward=reward, reward_components=components, scorer=scorer,
                             scored_at=time.time())
 
@@ -42,29 +44,29 @@ class LocalScorer:
         """``(reward, components)``; the env reward is always a component, and part of the reward for
         ``env`` or when ``include_env_reward``. Raises RewardCallFailed or ValueError when it cannot."""
         components = {"env": trajectory.env_reward}
-        env_part = trajectory.env_reward if spec.include_env_reward or spec.type == "env" else 0.0
-        if spec.type == "rule":
+        env_part = trajectory.env_reward if isinstance(spec, EnvReward) or spec.include_env_reward else 0.0
+        if isinstance(spec, RuleReward):
             final_text = self.chat.decode_action(last_turn_tokens(trajectory))
             components.update(RULES[spec.rule](trajectory, final_text, format_penalty=spec.format_penalty))
-        elif spec.type == "http":
+        elif isinstance(spec, HttpReward):
             reward, extra = await self._client(trajectory.tag, spec).score(self.payload(trajectory))
             components.update(extra)
             components["http"] = reward
             return reward + (trajectory.env_reward if spec.include_env_reward else 0.0), components
-        elif spec.type == "python":
+        elif isinstance(spec, PythonRewardSpec):
             reward, extra = await self._function(trajectory.tag, spec).score(self.reward_input(trajectory))
             components.update(extra)
             return reward + (trajectory.env_reward if spec.include_env_reward else 0.0), components
-        elif spec.type != "env":
+        elif not isinstance(spec, EnvReward):
             raise ValueError(f"reward type {spec.type!r} needs the bus (an LLM judge is a generation pool)")
         return sum(v for k, v in components.items() if k != "env") + env_part, components
 
-    def _client(self, tag: str, spec: RewardSpec) -> HttpRewardClient:
+    def _client(self, tag: str, spec: HttpReward) -> HttpRewardClient:
         if tag not in self._http:
             self._http[tag] = HttpRewardClient(spec)
         return self._http[tag]
 
-    def _function(self, tag: str, spec: RewardSpec) -> PythonReward:
+    def _function(self, tag: str, spec: PythonRewardSpec) -> PythonReward:
         key = (tag, spec.function)
         if key not in self._python:
             self._python[key] = PythonReward(spec)

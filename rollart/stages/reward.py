@@ -26,7 +26,8 @@ import uuid
 from prometheus_client import Counter, Histogram
 
 from rollart.bus import MessageContext, PermanentError, StopRequest
-from rollart.config import ConfigError, RewardSpec, RollartConfig
+from rollart.config import DEFAULT_REWARD_CONCURRENCY, ConfigError, JudgeReward, PythonReward, RewardSpec, \
+    RollartConfig
 from rollart.envs.math import extract_answer
 from rollart.messages import REPLACEMENT_MARK, Abort, CompletedTrajectory, Envelope, GenerationRequest, GroupEnded, \
     Int32Array, SamplingParams, TaskSpec
@@ -55,7 +56,7 @@ class RewardBridge:
         self.chat = chat
         self.scorer = LocalScorer(chat)
         self.sources = sources_from(self.config) if self.config.tags else []  # to rebuild a task to replace
-        judges = [t.reward for t in self.config.tags.values() if t.reward.type == "judge"]
+        judges = [t.reward for t in self.config.tags.values() if isinstance(t.reward, JudgeReward)]
         self.judge = ReplyChannel(runtime, REWARDS_JUDGE, timeout_s=max(j.timeout_s for j in judges)) \
             if judges else None
 
@@ -93,12 +94,12 @@ class RewardBridge:
                 *([(TASKS, task, task.group_id)] if task is not None else [])]
 
     async def score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> tuple[float, dict[str, float]]:
-        if spec.type != "judge":
+        if not isinstance(spec, JudgeReward):
             return await self.scorer.score(trajectory, spec)
         components = {"env": trajectory.env_reward, **await self._judge(trajectory, spec)}
         return components["judge"] + (trajectory.env_reward if spec.include_env_reward else 0.0), components
 
-    async def _judge(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> dict[str, float]:
+    async def _judge(self, trajectory: CompletedTrajectory, spec: JudgeReward) -> dict[str, float]:
         """Ask the judge pool for a 0..1 score of the final answer; unparseable verdicts score 0."""
         prompt = spec.judge_prompt.format(question=trajectory.labels.get("question", ""), text=self.chat.decode(
             trajectory.token_ids), final_text=self.chat.decode_action(last_turn_tokens(trajectory)))
@@ -150,7 +151,8 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
     """(the scoring loop, the judge-verdict loop or None when no tag uses an LLM judge)."""
     # Enough in flight that every tag's endpoint can use its whole concurrency at once.
     config = rt.config
-    in_flight = sum(max(s.reward.concurrency, 1) for s in config.tags.values()) or 16
+    in_flight = sum(max(getattr(s.reward, "concurrency", DEFAULT_REWARD_CONCURRENCY), 1)
+                    for s in config.tags.values()) or DEFAULT_REWARD_CONCURRENCY
     scoring = rt.consumer_loop("reward", [TRAJECTORIES_COMPLETED], bridge.handle, ordering="none",
                                max_in_flight=in_flight, transactional=True)
     return scoring, bridge.judge.consumer_loop("reward-judge") if bridge.judge is not None else None
@@ -159,12 +161,12 @@ def reward_loops(rt: Runtime, bridge: RewardBridge):
 def check_rewards(config: RollartConfig) -> None:
     """Fail at start-up, naming the tag, not on the first trajectory: a python reward's import (the
     function is loaded here, so an import error says which tag). An http reward's url is checked
-    where the config is validated (RewardSpec)."""
+    where the config is validated (HttpReward)."""
     from rollart.rewards.python import load_reward_function
 
     for tag, spec in config.tags.items():
         try:
-            if spec.reward.type == "python":
+            if isinstance(spec.reward, PythonReward):
                 load_reward_function(spec.reward.function)
         except ValueError as exc:
             raise ConfigError(f"tags.{tag}.reward: {exc}") from None

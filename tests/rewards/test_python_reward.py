@@ -11,7 +11,7 @@ import pytest
 
 from rollart.bus.dlq import H_DLQ_ERROR
 from rollart.bus.reader import read_to_end
-from rollart.config import ConfigError, RewardSpec, RollartConfig, build_config
+from rollart.config import ConfigError, PythonReward as PythonRewardSpec, RollartConfig, build_config
 from rollart.messages import Abort, ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.rewards.http import RewardCallFailed
@@ -28,8 +28,8 @@ from tests.rewards.test_serverless_bridge import _dlq
 FUNCTIONS = "tests.rewards.python_rewards"
 
 
-def spec(function: str, **options) -> RewardSpec:
-    return RewardSpec(type="python", function=f"{FUNCTIONS}:{function}", **options)
+def spec(function: str, **options) -> PythonRewardSpec:
+    return PythonRewardSpec(function=f"{FUNCTIONS}:{function}", **options)
 
 
 async def test_sync_and_async_functions_score_with_the_env_reward(chat):

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from rollart.bus.dlq import H_DLQ_ERROR
 from rollart.bus.reader import read_to_end
-from rollart.config import RewardSpec
+from rollart.config import HttpReward
 from rollart.messages import Abort, GroupEnded, ScoredTrajectory
 from rollart.messages.samples import sample_trajectory
 from rollart.rewards.http import HttpRewardClient, check_url
@@ -123,7 +123,7 @@ async def _dlq(rt):
 
 async def test_missing_token_and_4xx_fail_without_retrying(reward_server, monkeypatch):
     monkeypatch.delenv("TEST_REWARD_TOKEN", raising=False)
-    client = HttpRewardClient(RewardSpec(**_spec(reward_server.url)))
+    client = HttpRewardClient(HttpReward(**_spec(reward_server.url)))
     with pytest.raises(Exception, match="TEST_REWARD_TOKEN"):
         await client.score({"traj_id": "x", "tag": "web", "text": ""})
     monkeypatch.setenv("TEST_REWARD_TOKEN", "wrong")
@@ -135,7 +135,7 @@ async def test_missing_token_and_4xx_fail_without_retrying(reward_server, monkey
 
 def test_plain_http_to_a_remote_host_is_refused():
     with pytest.raises(ValueError, match="refusing plain HTTP"):
-        check_url(RewardSpec(type="http", url="http://reward.example.com/score"))
-    assert check_url(RewardSpec(type="http", url="http://reward.example.com/s", allow_insecure_remote=True))
-    assert check_url(RewardSpec(type="http", url="https://reward.example.com/score"))
-    assert check_url(RewardSpec(type="http", url="http://localhost:8000/score"))
+        check_url(HttpReward(url="http://reward.example.com/score"))
+    assert check_url(HttpReward(url="http://reward.example.com/s", allow_insecure_remote=True))
+    assert check_url(HttpReward(url="https://reward.example.com/score"))
+    assert check_url(HttpReward(url="http://localhost:8000/score"))
