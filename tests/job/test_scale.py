@@ -33,6 +33,25 @@ def scale(job_yaml, job: str, stage: str, members: int, *pool: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def request(endpoints, job_yaml, job: str, stage: str, members: int, pool: str | None = None) -> None:
+    """The same request as the CLI's, without starting a Python process for it."""
+    import asyncio
+
+    from rollart.config import load_config
+    from rollart.job.scale import request_scale
+    from rollart.state import connect_redis
+
+    async def send() -> None:
+        redis = connect_redis(endpoints)
+        try:
+            await request_scale(redis, load_config(job_yaml).with_updates("test", job=job),
+                                ScaleRequest(stage, members, pool))
+        finally:
+            await redis.aclose()
+
+    asyncio.run(send())
+
+
 def gen_members(endpoints, config: dict, job: str) -> list[str]:
     import asyncio
 
@@ -63,7 +82,7 @@ def test_generation_and_env_grow_then_shrink_mid_run(endpoints, tiny_model, tmp_
         wait(lambda: len(trained_steps(out)) >= 2, 300, "2 training steps", proc)
         job = json.loads((out / "run.json").read_text())["job"]
         scale(job_yaml, job, "generation", 2, "--pool", "default")
-        scale(job_yaml, job, "env", 2)
+        request(endpoints, job_yaml, job, "env", 2)
 
         def pids() -> dict:
             return json.loads((out / "pids.json").read_text())
@@ -71,12 +90,12 @@ def test_generation_and_env_grow_then_shrink_mid_run(endpoints, tiny_model, tmp_
         wait(lambda: {"gen-default-1", "env-1"} <= set(pids()), 60, "the new members started", proc)
         wait(lambda: len(gen_members(endpoints, config, job)) == 2, 300, "two live generation members", proc)
         grown_at = len(trained_steps(out))
-        wait(lambda: len(trained_steps(out)) >= grown_at + 3, 300, "3 steps with the grown stages", proc)
-        scale(job_yaml, job, "generation", 1, "--pool", "default")
-        scale(job_yaml, job, "env", 1)
+        wait(lambda: len(trained_steps(out)) >= grown_at + 2, 300, "2 steps with the grown stages", proc)
+        request(endpoints, job_yaml, job, "generation", 1, "default")
+        request(endpoints, job_yaml, job, "env", 1)
         wait(lambda: retired.exists() and len(json.loads(retired.read_text())) == 2, 180, "both retired", proc)
         shrunk_at = len(trained_steps(out))
-        wait(lambda: len(trained_steps(out)) >= shrunk_at + 2, 300, "2 steps after shrinking", proc)
+        wait(lambda: len(trained_steps(out)) >= shrunk_at + 1, 300, "a step after shrinking", proc)
         assert {"gen-default-1", "env-1"}.isdisjoint(pids()), "a retired member is not restarted"
         proc.send_signal(signal.SIGINT)  # rollart run stops its stages and writes the report of what it trained
         proc.communicate(timeout=180)
@@ -87,7 +106,7 @@ def test_generation_and_env_grow_then_shrink_mid_run(endpoints, tiny_model, tmp_
     assert json.loads(retired.read_text()) == {"gen-default-1": 0, "env-1": 0}, "the leaving members drained, exit 0"
     report = json.loads((out / "report.json").read_text())
     steps = [s["step"] for s in report["steps"]]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= grown_at + 5, "no step lost or repeated"
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= grown_at + 3, "no step lost or repeated"
     assert report["trained_duplicates"] == 0 and all(s["samples"] == 8 for s in report["steps"])
     assert report["staleness_max"] <= 1
     assert not set(report["restarts"]), "no member failed, none was restarted"
