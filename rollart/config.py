@@ -178,7 +178,22 @@ class TrainerConfig(Section):
     # CPU plan: torch's intra-op threads in the trainer (None: torch's default, one per core); on a
     # machine it shares with an engine, fewer threads than cores keep the two from fighting
     torch_threads: int | None = Field(default=None, ge=1)
+    # Data parallelism: this many ranks of torch.distributed (gloo on CPU, NCCL on GPU), each with a
+    # replica, a share of every batch and the summed gradient (rollart/training/distributed.py). Rank 0
+    # consumes, checkpoints and publishes; `rollart consume trainer` starts the others unless the
+    # environment names its RANK (torchrun, the Kubernetes rendering).
+    world_size: int = Field(default=1, ge=1)
+    # A collective that waits longer fails the trainer (a rank hung or unreachable); a rank that died
+    # fails it at once. Idle ranks get a heartbeat at a quarter of it.
+    dist_timeout_s: float = Field(default=120.0, ge=4)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _data_parallel_runs_the_torch_backend(self) -> "TrainerConfig":
+        if self.world_size > 1 and self.backend != "torch":
+            raise ValueError("trainer.world_size > 1 runs the torch backend's data parallelism; the megatron "
+                             "backend runs as one process here (its tensor and pipeline sizes are 1)")
+        return self
 
 
 class GenerationConfig(Section):

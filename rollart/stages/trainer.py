@@ -407,15 +407,39 @@ def writer_token(checkpoints: CheckpointStore, resume: bool) -> str:
 
 async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool = False) -> None:
     """Run the trainer until ``trainer.max_steps`` or ``stop`` (SIGTERM); ``resume`` continues from
-    the latest checkpoint in ``trainer.checkpoint_dir``."""
-    from transformers import AutoTokenizer
+    the latest checkpoint in ``trainer.checkpoint_dir``. With ``trainer.world_size`` > 1 this process
+    is one rank: rank 0 runs the stage, the others follow it (rollart/training/distributed.py)."""
+    from rollart.training import distributed
 
     trainer_alpha(config)
+    rdzv = distributed.Rendezvous.from_env(config.trainer.world_size) if config.trainer.world_size > 1 else None
+    if rdzv is not None and rdzv.rank > 0:
+        await asyncio.to_thread(distributed.run_rank, config, rdzv)
+        return
     checkpoints = CheckpointStore(Path(config.trainer.checkpoint_dir))
     if not resume and checkpoints.latest() is not None:
         raise ConfigError(f"trainer.checkpoint_dir {checkpoints.root} already holds a checkpoint: pass --resume "
                           "to continue it, or point the trainer at an empty directory")
+    children: list = []
+    if config.trainer.world_size > 1 and rdzv is None:  # the launcher: rank 0 here, the others our children
+        rdzv = distributed.Rendezvous.local(config.trainer.world_size)
+        children = distributed.start_local_ranks(config, rdzv, checkpoints.root / "ranks")
+    if rdzv is not None:
+        distributed.bind_local_device(rdzv)
     backend = await asyncio.to_thread(build_backend, config)
+    if rdzv is not None:
+        backend = await asyncio.to_thread(distributed.data_parallel, backend, config, rdzv, children)
+    try:
+        await _train(config, stop, backend, checkpoints, resume=resume)
+    finally:
+        if isinstance(backend, distributed.DataParallelBackend):
+            await asyncio.to_thread(backend.close)
+
+
+async def _train(config: RollartConfig, stop: StopRequest, backend, checkpoints: CheckpointStore, *,
+                 resume: bool) -> None:
+    from transformers import AutoTokenizer
+
     state = await asyncio.to_thread(checkpoints.load, backend) if resume else None
     if state is not None:
         checkpoints.truncate_record(state.step)

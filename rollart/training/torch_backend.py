@@ -98,21 +98,33 @@ class AccumulatingBackend:
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimiser step over the batch (micro-batched); returns averaged metrics."""
         self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.accumulate(batch, range(batch.input_ids.shape[0]))
+        metrics["grad_norm"] = self.apply_gradients()
+        return metrics
+
+    def accumulate(self, batch: Batch, rows: range) -> dict[str, float]:
+        """Forward and backward over ``rows`` of the batch, micro-batched, adding to the gradients.
+        Each micro-batch's loss is a mean over its own tokens (or sequences): it is weighed by its
+        share of the *whole* batch's, so the gradients of disjoint ``rows`` (data-parallel ranks)
+        sum to the whole batch's gradient, and so do the returned metrics."""
         total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {}
-        for start in range(0, batch.input_ids.shape[0], self.micro_batch):
-            part = slice(start, start + self.micro_batch)
+        for start in range(rows.start, rows.stop, self.micro_batch):
+            part = slice(start, min(start + self.micro_batch, rows.stop))
             loss, m, mask = self._micro_loss(batch, part)
-            # Each micro-batch's loss is a mean over its own tokens (or sequences): weigh it by its share.
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
                      else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()
             for key, value in m.items():
                 metrics[key] = metrics.get(key, 0.0) + value * share
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        return metrics
+
+    def apply_gradients(self) -> float:
+        """Clip the accumulated gradients and take the optimiser step; returns the gradient norm."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         self.optimizer.step()
         self.step += 1
-        return metrics
+        return grad_norm
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.job.harness import finish, small_job, start, trained_steps, wait
@@ -47,19 +49,23 @@ def test_the_cpu_plan_leaves_a_configured_thread_count_alone():
 
 
 @pytest.mark.timeout(900)
-def test_run_survives_a_killed_trainer_and_a_redis_flush_then_resumes(endpoints, tiny_model, tmp_path):
-    """One job, two runs. The first (6 steps): the trainer SIGKILLed after 2 steps (the runner restarts it
-    with --resume) and the job's Redis keys deleted; no step lost or repeated. The second, `rollart run
-    --resume` on the persistent broker (to 9 steps): same job, trainer from its checkpoint, no step
-    retrained and no trajectory trained twice across the two runs. (`rollart chaos` covers every other
-    fault; this test checks what the run's own report promises.)"""
+def test_run_survives_a_killed_trainer_rank_and_a_redis_flush_then_resumes(endpoints, tiny_model, tmp_path):
+    """One job, two runs. The first (6 steps) trains data-parallel on 2 ranks: rank 1 SIGKILLed after 2
+    steps (rank 0's next step fails, the runner restarts the trainer with --resume) and the job's Redis
+    keys deleted; no step lost or repeated. The second, `rollart run --resume` on the persistent broker
+    (to 9 steps) on one rank: same job, trainer from the 2-rank checkpoint, no step retrained and no
+    trajectory trained twice across the two runs. (`rollart chaos` kills rank 0 and every other stage;
+    this test checks what the run's own report promises.)"""
     import redis as redis_sync
 
     steps = 6
-    proc, out = start(small_job(endpoints, tiny_model), tmp_path, steps)
+    proc, out = start(small_job(endpoints, tiny_model, trainer={"micro_batch": 8, "world_size": 2}), tmp_path, steps)
     try:
         wait(lambda: len(trained_steps(out)) >= 2, 300, "2 training steps", proc)
-        os.kill(json.loads((out / "pids.json").read_text())["trainer"], signal.SIGKILL)
+        trainer = psutil.Process(json.loads((out / "pids.json").read_text())["trainer"])
+        rank1 = [c for c in trainer.children() if "rollart.training.distributed" in " ".join(c.cmdline())]
+        assert len(rank1) == 1, "rank 0 started rank 1 as its child"
+        rank1[0].send_signal(signal.SIGKILL)
         killed_at = len(trained_steps(out))
         wait(lambda: len(trained_steps(out)) >= killed_at + 1, 300, "a step after the trainer restart", proc)
         job = json.loads((out / "run.json").read_text())["job"]
@@ -80,6 +86,7 @@ def test_run_survives_a_killed_trainer_and_a_redis_flush_then_resumes(endpoints,
     versions = [s["trained_version"] for s in first["steps"]]
     assert versions == sorted(versions), "the trainer never went back to an older version"
 
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(small_job(endpoints, tiny_model)))  # one rank now
     proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", str(tmp_path / "job.yaml"), "--steps", "9",
                              "--out", str(out), "--resume", "--timeout", "600"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
