@@ -9,6 +9,7 @@ import yaml
 from rollart.deploy.render import (APP_USER, CHECKPOINT_DIR, CONFIG_DIR, MOONCAKE_HTTP_PORT, MOONCAKE_METRICS_PORT,
                                    MOONCAKE_RPC_PORT, MOONCAKE_STORE_PORT, REDIS_PORT, WORK_DIR, Component, k8s_name)
 from rollart.stages.registry import STAGES
+from rollart.training.ranks import RENDEZVOUS_PORT, WORKER_INDEX_ENV
 from rollart.topics.access import StageAccess, stage_principal
 from rollart.topics.catalog import PhysicalTopic
 
@@ -112,7 +113,7 @@ def stage_container(r: "Renderer", component: Component) -> dict:
         "image": r.deploy.image, "imagePullPolicy": r.deploy.image_pull_policy,
         "command": ["rollart", "consume", *component.args, "--config", f"{CONFIG_DIR}/config.yaml"],
         "workingDir": WORK_DIR,
-        "env": stage_env(r) + kafka_user_env(r, component),
+        "env": stage_env(r) + kafka_user_env(r, component) + (rank_env(r, 0) if _data_parallel(r, component) else []),
         "ports": [{"name": "metrics", "containerPort": r.deploy.metrics_port, "protocol": "TCP"}],
         "resources": resources(spec),
         "securityContext": container_security(),
@@ -126,6 +127,53 @@ def stage_container(r: "Renderer", component: Component) -> dict:
     if r.deploy.secret:
         container["envFrom"] = [{"secretRef": {"name": r.deploy.secret}}]
     return container
+
+
+# -- the data-parallel trainer's ranks ----------------------------------------------------------------
+# Rank 0 is the trainer Deployment (it consumes, checkpoints on its volume, publishes, serves /metrics);
+# ranks 1..N-1 are a StatefulSet whose pod index gives each its rank. They meet at rank 0 through a
+# headless Service that publishes rank 0 before it is ready (it is not ready until the ranks joined).
+
+def _data_parallel(r: "Renderer", component: Component) -> bool:
+    return component.stage == "trainer" and r.config.trainer.world_size > 1
+
+
+def rank_env(r: "Renderer", rank: int | None) -> list[dict]:
+    """torch.distributed's env:// names; ``rank`` None: a StatefulSet rank (its pod index + 1)."""
+    env = [{"name": "WORLD_SIZE", "value": str(r.config.trainer.world_size)},
+           {"name": "MASTER_ADDR", "value": r.name("trainer", "rdzv")},
+           {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)}]
+    if rank is not None:
+        return [{"name": "RANK", "value": str(rank)}, *env]
+    index = {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    return [{"name": WORKER_INDEX_ENV, "valueFrom": index}, *env]
+
+
+def trainer_ranks(r: "Renderer", component: Component) -> list[dict]:
+    """Ranks 1..N-1 and the rendezvous Service (rank 0's container gets RANK=0 in stage_container)."""
+    name = r.name("trainer", "ranks")
+    volumes, mounts = stage_volumes(r, component)
+    volumes = [v for v in volumes if v["name"] != "checkpoints"]  # rank 0 alone checkpoints
+    container = {**stage_container(r, component), "name": "trainer-rank", "volumeMounts":
+                 [m for m in mounts if m["name"] != "checkpoints"], "env": stage_env(r) + rank_env(r, None),
+                 "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        container.pop(probe)  # no /metrics here: a rank that loses rank 0 exits, and restarts to rejoin
+    pod = {**pod_spec(r, component), "containers": [container], "volumes": volumes}
+    labels = r.labels("trainer-rank")
+    ranks = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": r.meta(name, "trainer-rank"),
+             "spec": {"replicas": r.config.trainer.world_size - 1, "serviceName": name,
+                      "podManagementPolicy": "Parallel",  # the ranks start together; none waits for another
+                      "selector": {"matchLabels": r.selector("trainer-rank")},
+                      "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    ports = [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+    rendezvous = {"apiVersion": "v1", "kind": "Service", "metadata": r.meta(r.name("trainer", "rdzv"), "trainer"),
+                  "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": r.selector("trainer"),
+                           "ports": ports}}
+    governing = {"apiVersion": "v1", "kind": "Service", "metadata": r.meta(name, "trainer-rank"),
+                 "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                          "selector": r.selector("trainer-rank"), "ports": ports}}
+    return [rendezvous, governing, ranks]
 
 
 def grace_period_s(r: "Renderer") -> int:

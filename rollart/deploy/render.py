@@ -155,6 +155,8 @@ class Renderer:
         docs.append(objects.checkpoint_claim(self))
         for component in self.components():
             docs.append(objects.stage_deployment(self, component))
+            if component.stage == "trainer" and self.config.trainer.world_size > 1:
+                docs += objects.trainer_ranks(self, component)
             if component.spec.autoscaling is not None:
                 if STAGES[component.stage].single_writer:
                     raise ConfigError(f"deploy.{component.stage}.autoscaling: the {component.stage} is a single "

@@ -410,9 +410,10 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
     the latest checkpoint in ``trainer.checkpoint_dir``. With ``trainer.world_size`` > 1 this process
     is one rank: rank 0 runs the stage, the others follow it (rollart/training/distributed.py)."""
     from rollart.training import distributed
+    from rollart.training.ranks import Rendezvous
 
     trainer_alpha(config)
-    rdzv = distributed.Rendezvous.from_env(config.trainer.world_size) if config.trainer.world_size > 1 else None
+    rdzv = Rendezvous.from_env(config.trainer.world_size) if config.trainer.world_size > 1 else None
     if rdzv is not None and rdzv.rank > 0:
         await asyncio.to_thread(distributed.run_rank, config, rdzv)
         return
@@ -422,7 +423,7 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
                           "to continue it, or point the trainer at an empty directory")
     children: list = []
     if config.trainer.world_size > 1 and rdzv is None:  # the launcher: rank 0 here, the others our children
-        rdzv = distributed.Rendezvous.local(config.trainer.world_size)
+        rdzv = Rendezvous.local(config.trainer.world_size)
         children = distributed.start_local_ranks(config, rdzv, checkpoints.root / "ranks")
     if rdzv is not None:
         distributed.bind_local_device(rdzv)

@@ -28,55 +28,20 @@ import datetime
 import logging
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rollart.training.ranks import Rendezvous
 from rollart.training.torch_backend import Batch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where and who this process is in the trainer's process group (``env://`` names)."""
-
-    rank: int
-    world_size: int
-    addr: str
-    port: int
-
-    @classmethod
-    def from_env(cls, world_size: int) -> "Rendezvous | None":
-        """The rank the environment gives this process (torchrun, Kubernetes), or None: no ``RANK``."""
-        if "RANK" not in os.environ:
-            return None
-        rank, size = int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", world_size))
-        if size != world_size:
-            raise ValueError(f"trainer.world_size is {world_size} but WORLD_SIZE is {size}")
-        if not 0 <= rank < size:
-            raise ValueError(f"RANK {rank} is outside WORLD_SIZE {size}")
-        return cls(rank, size, os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500)))
-
-    @classmethod
-    def local(cls, world_size: int) -> "Rendezvous":
-        """Rank 0 of ranks this process starts itself, on a free local port."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        return cls(0, world_size, "127.0.0.1", port)
-
-    def env(self, rank: int) -> dict[str, str]:
-        return {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "MASTER_ADDR": self.addr,
-                "MASTER_PORT": str(self.port)}
 
 
 def init_group(rdzv: Rendezvous, *, backend: str, timeout_s: float) -> None:

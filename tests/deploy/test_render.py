@@ -235,6 +235,49 @@ def test_an_eval_section_adds_the_eval_stage_its_pool_and_topics():
     assert writes == {"agentic-two-pool.tasks", "agentic-two-pool.eval.summaries", "agentic-two-pool.eval.results.dlq"}
 
 
+def test_a_data_parallel_trainer_renders_its_ranks_and_their_rendezvous(monkeypatch):
+    """trainer.world_size 3: rank 0 is the trainer Deployment (RANK=0, its checkpoint volume), ranks 1
+    and 2 a StatefulSet whose pod index names the rank; all meet at a headless Service of rank 0
+    that is published before rank 0 is ready (it is not ready until the ranks have joined)."""
+    from rollart.training.ranks import Rendezvous
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["trainer"] = {**data.get("trainer", {}), "world_size": 3, "backend": "torch"}
+    docs = render_job(prepare_config(build_config(data, "data-parallel example")))
+    for doc in docs:
+        if doc["kind"] not in SCHEMAS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    rank0 = pod(by_kind(docs, "Deployment")["agentic-two-pool-trainer"])["containers"][0]
+    ranks = by_kind(docs, "StatefulSet")["agentic-two-pool-trainer-ranks"]
+    worker = pod(ranks)["containers"][0]
+    rdzv = by_kind(docs, "Service")["agentic-two-pool-trainer-rdzv"]
+    assert ranks["spec"]["replicas"] == 2 and ranks["spec"]["podManagementPolicy"] == "Parallel"
+    assert worker["command"] == rank0["command"], "every rank runs `rollart consume trainer`"
+    assert "checkpoints" not in {m["name"] for m in worker["volumeMounts"]}, "rank 0 alone checkpoints"
+    assert "checkpoints" in {m["name"] for m in rank0["volumeMounts"]}
+    assert rdzv["spec"]["clusterIP"] == "None" and rdzv["spec"]["publishNotReadyAddresses"] is True
+    assert rdzv["spec"]["selector"] == by_kind(docs, "Deployment")["agentic-two-pool-trainer"]["spec"]["selector"][
+        "matchLabels"], "the rendezvous address is rank 0's pod"
+    assert not any(d["spec"]["scaleTargetRef"]["name"].startswith("agentic-two-pool-trainer")
+                   for d in by_kind(docs, "ScaledObject").values()), "ranks are never autoscaled"
+
+    def rank_of(container, pod_index: str | None = None):
+        for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TRAINER_WORKER_INDEX"):
+            monkeypatch.delenv(var, raising=False)
+        for var in container["env"]:
+            if var["name"] in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                monkeypatch.setenv(var["name"], var["value"])
+            elif "pod-index" in str(var.get("valueFrom")):
+                monkeypatch.setenv(var["name"], pod_index)  # what the downward API gives pod <name>-<index>
+        return Rendezvous.from_env(3)
+
+    assert rank_of(rank0) == Rendezvous(0, 3, "agentic-two-pool-trainer-rdzv", 29500)
+    assert [rank_of(worker, i).rank for i in ("0", "1")] == [1, 2]
+    assert rank_of(worker, "1").addr == "agentic-two-pool-trainer-rdzv"
+    data["trainer"]["world_size"] = 1
+    assert "StatefulSet" not in {d["kind"] for d in render_job(prepare_config(build_config(data, "one rank")))}
+
+
 def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_path):
     out = tmp_path / "rendered"
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "deploy", "render", str(EXAMPLE), "--out", str(out)],

@@ -20,13 +20,14 @@ import torch
 from rollart.config import build_config
 from rollart.stages.trainer import build_backend
 from rollart.training import distributed
+from rollart.training.ranks import Rendezvous
 
 
 def main() -> None:
     args = json.loads(Path(sys.argv[1]).read_text())
     config = build_config(args["config"])
     batches = torch.load(args["batches"], weights_only=False)
-    rdzv = distributed.Rendezvous.local(config.trainer.world_size)
+    rdzv = Rendezvous.local(config.trainer.world_size)
     children = distributed.start_local_ranks(config, rdzv, Path(args["out"]) / "ranks")
     backend = distributed.data_parallel(build_backend(config), config, rdzv, children)
     if args.get("resume"):
