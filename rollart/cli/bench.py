@@ -110,6 +110,21 @@ def register(bench_app: typer.Typer) -> None:
             Console(stderr=True).print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
 
+    @bench_app.command("data-parallel")
+    def data_parallel_cmd(config: ConfigOption = None, out: OutOption = None,
+                          world_size: Annotated[int, typer.Option(min=2, help="Ranks beside the one-rank step.")] = 2,
+                          steps: int = 8, samples: int = 32, length: int = 256,
+                          hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 256,
+                          layers: int = 4) -> None:
+        """A training step on one rank beside the same step on N data-parallel ranks (same cores, same batches)."""
+        from rollart.bench.data_parallel import bench_data_parallel
+
+        result = run_benchmark(config, out, bench_data_parallel, ["mode", "ranks", "threads_per_rank", "step_s_mean",
+                                                                  "step_s_p50"], "one rank's step over N ranks'",
+                               world_size=world_size, steps=steps, samples=samples, length=length, hidden=hidden,
+                               layers=layers)
+        console.print(f"largest loss difference between the two: {result['loss_max_abs_diff']:.2e}")
+
     @bench_app.command("pipeline-efficiency")
     def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
                      max_tokens: int = 8, repeats: int = 3,
@@ -151,6 +166,22 @@ def register(bench_app: typer.Typer) -> None:
 
         run_benchmark(config, out, bench_scale, ["measure", "value"], "share of the target held concurrently",
                       trajectories=trajectories, turns=turns, step_s=step_s)
+
+    @bench_app.command("elastic")
+    def elastic_cmd(config: ConfigOption = None, out: OutOption = None,
+                    phases: Annotated[str, typer.Option(help="Members per phase: ENVxGEN (generation per pool).")]
+                    = "1x1,2x2,1x1",
+                    phase_s: Annotated[float, typer.Option("--phase", help="Seconds per phase.")] = 150.0,
+                    settle_s: Annotated[float, typer.Option("--settle", help="Seconds of each phase not counted "
+                                                                              "(engines load, groups rebalance).")] = 45.0,
+                    broker: BrokerOption = None) -> None:
+        """One training job scaled through phases of rollout members: trajectories trained per minute per phase."""
+        from rollart.bench.elastic import bench_elastic
+
+        run_benchmark(config, out, bench_elastic, ["phase", "env", "generation", "trained", "trajectories_per_min",
+                                                   "per_member_per_min", "window_s"],
+                      "widest phase over the first (trajectories trained per minute)", job_path=config,
+                      phases=phases, phase_s=phase_s, settle_s=settle_s)
 
     @bench_app.command("weight-sync")
     def weight_sync_cmd(config: ConfigOption = None, out: OutOption = None, versions: int = 6,
