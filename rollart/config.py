@@ -188,13 +188,6 @@ class TrainerConfig(Section):
     dist_timeout_s: float = Field(default=120.0, ge=4)
     seed: int = 0
 
-    @model_validator(mode="after")
-    def _data_parallel_runs_the_torch_backend(self) -> "TrainerConfig":
-        if self.world_size > 1 and self.backend != "torch":
-            raise ValueError("trainer.world_size > 1 runs the torch backend's data parallelism; the megatron "
-                             "backend runs as one process here (its tensor and pipeline sizes are 1)")
-        return self
-
 
 class GenerationConfig(Section):
     engine: Literal["vllm"] = "vllm"

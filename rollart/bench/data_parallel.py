@@ -74,7 +74,7 @@ def _measure(config: RollartConfig, work: Path, world_size: int, steps: int, sam
         del single
         rdzv = Rendezvous.local(world_size)
         children = distributed.start_local_ranks(many, rdzv, work / "ranks")
-        parallel = distributed.data_parallel(build_backend(many), many, rdzv, children)
+        parallel = distributed.data_parallel(many, rdzv, children, build_backend)
         try:
             many_s, many_loss = _timed(parallel, batches)
         finally:

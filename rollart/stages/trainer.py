@@ -427,9 +427,10 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
         children = distributed.start_local_ranks(config, rdzv, checkpoints.root / "ranks")
     if rdzv is not None:
         distributed.bind_local_device(rdzv)
-    backend = await asyncio.to_thread(build_backend, config)
-    if rdzv is not None:
-        backend = await asyncio.to_thread(distributed.data_parallel, backend, config, rdzv, children)
+    if rdzv is None:
+        backend = await asyncio.to_thread(build_backend, config)
+    else:
+        backend = await asyncio.to_thread(distributed.data_parallel, config, rdzv, children, build_backend)
     try:
         await _train(config, stop, backend, checkpoints, resume=resume)
     finally:

@@ -53,7 +53,9 @@ def init_group(rdzv: Rendezvous, *, backend: str, timeout_s: float) -> None:
     log.info("trainer rank %d of %d joined (%s, %s:%d)", rdzv.rank, rdzv.world_size, backend, rdzv.addr, rdzv.port)
 
 
-def process_group_backend(device: str) -> str:
+def group_backend(config) -> str:
+    """NCCL for ranks on GPUs, gloo on CPUs (the trainer's device: configured, else cuda when there is one)."""
+    device = config.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
@@ -244,18 +246,26 @@ def start_local_ranks(config, rdzv: Rendezvous, workdir: Path) -> list[subproces
     return children
 
 
-def data_parallel(backend, config, rdzv: Rendezvous, children: list[subprocess.Popen]) -> DataParallelBackend:
-    """Rank 0: join the group (the other ranks are started or starting) and hand them the weights."""
+def join(config, rdzv: Rendezvous, children: list[subprocess.Popen] | None = None) -> None:
+    """Join the trainer's process group, before any rank builds its backend (Megatron makes its
+    parallel state from this group). Rank 0 watches the children it started meanwhile: one that
+    fails to start fails this one now, not at the timeout."""
     t = config.trainer
-    joining = threading.Thread(target=init_group, args=(rdzv,), daemon=True, kwargs={
-        "backend": process_group_backend(str(getattr(backend, "device", "cpu"))), "timeout_s": t.dist_timeout_s})
+    joining = threading.Thread(target=init_group, args=(rdzv,), daemon=True,
+                               kwargs={"backend": group_backend(config), "timeout_s": t.dist_timeout_s})
     joining.start()
-    while joining.is_alive():  # a child rank that fails to start fails this one now, not at the timeout
+    while joining.is_alive():
         joining.join(0.5)
-        _check_children(children)
+        _check_children(children or [])
     if not dist.is_initialized():
         raise RuntimeError(f"the trainer's {rdzv.world_size} ranks did not join within {t.dist_timeout_s:g}s")
-    return DataParallelBackend(backend, rdzv, heartbeat_s=t.dist_timeout_s / 4, children=children)
+
+
+def data_parallel(config, rdzv: Rendezvous, children: list[subprocess.Popen], build) -> DataParallelBackend:
+    """Rank 0: join the group (the other ranks are started or starting), build the backend with
+    ``build(config)`` and hand the other ranks its weights."""
+    join(config, rdzv, children)
+    return DataParallelBackend(build(config), rdzv, heartbeat_s=config.trainer.dist_timeout_s / 4, children=children)
 
 
 # -- ranks 1..N-1 ------------------------------------------------------------------------------------
@@ -284,8 +294,8 @@ def run_rank(config, rdzv: Rendezvous) -> None:
     from rollart.stages.trainer import build_backend
 
     bind_local_device(rdzv)
+    join(config, rdzv)
     backend = build_backend(config)
-    init_group(rdzv, backend=process_group_backend(str(backend.device)), timeout_s=config.trainer.dist_timeout_s)
     try:
         steps = serve_rank(backend, rdzv)
         log.info("trainer rank %d stopped after %d steps", rdzv.rank, steps)

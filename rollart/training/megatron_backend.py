@@ -8,7 +8,9 @@ trainer publishes ``state_dict()`` exactly as with the PyTorch backend.
 The name/layout conversion is plain tensor code (tested on CPU). Megatron-core's GPTModel itself
 needs CUDA (its rotary embedding calls ``torch.cuda``), so the backend refuses to start without a
 GPU; ``scripts/device/megatron_check.py`` checks it against the Hugging Face forward on a GPU.
-Tensor/pipeline parallelism are 1 here: the conversion is written for unsharded tensors.
+Tensor/pipeline parallelism are 1 here: the conversion is written for unsharded tensors. Data
+parallelism is the trainer's (``trainer.world_size``): the ranks join first, and Megatron's parallel
+state is made over them (data-parallel size = world size).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def transformer_config(hf_config, *, dtype: torch.dtype = torch.float32, use_cpu
 
 def build_gpt_model(hf_config, *, use_cpu_initialization: bool = False):
     """A Megatron GPTModel shaped like ``hf_config`` (torch.distributed and model-parallel state must
-    be initialised; see :func:`init_single_process`)."""
+    be initialised; see :func:`init_parallel_state`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
@@ -110,8 +112,10 @@ def build_gpt_model(hf_config, *, use_cpu_initialization: bool = False):
                     share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings))
 
 
-def init_single_process(backend: str = "nccl", port: int = 29512) -> None:
-    """One-process torch.distributed + Megatron model-parallel state (TP = PP = 1)."""
+def init_parallel_state(backend: str = "nccl", port: int = 29512) -> None:
+    """Megatron's model-parallel state (TP = PP = 1) over torch.distributed's world: the trainer's
+    data-parallel ranks when they joined first (rollart/training/distributed.py: data-parallel size N),
+    else a one-process world started here."""
     import os
 
     from megatron.core import parallel_state
@@ -136,7 +140,7 @@ class MegatronBackend(AccumulatingBackend):
 
         self.device = device or "cuda"
         on_cpu = self.device == "cpu"
-        init_single_process("gloo" if on_cpu else "nccl")
+        init_parallel_state("gloo" if on_cpu else "nccl")
         if not on_cpu:
             from megatron.core import tensor_parallel
 

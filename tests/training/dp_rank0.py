@@ -29,7 +29,7 @@ def main() -> None:
     batches = torch.load(args["batches"], weights_only=False)
     rdzv = Rendezvous.local(config.trainer.world_size)
     children = distributed.start_local_ranks(config, rdzv, Path(args["out"]) / "ranks")
-    backend = distributed.data_parallel(build_backend(config), config, rdzv, children)
+    backend = distributed.data_parallel(config, rdzv, children, build_backend)
     if args.get("resume"):
         backend.load(args["resume"])
     metrics = [backend.train_step(batches[i]) for i in range(args["steps"])]

@@ -23,10 +23,10 @@ def main(model_dir: str) -> None:
     from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
     from rollart.messages.samples import sample_trajectory
     from rollart.training.algorithms import PolicyLossConfig
-    from rollart.training.megatron_backend import MegatronBackend, init_single_process
+    from rollart.training.megatron_backend import MegatronBackend, init_parallel_state
     from rollart.training.torch_backend import TorchBackend, collate, token_logprobs
 
-    init_single_process("gloo" if DEVICE == "cpu" else "nccl", port=29577)
+    init_parallel_state("gloo" if DEVICE == "cpu" else "nccl", port=29577)
     if DEVICE == "cpu":
         tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
     torch.manual_seed(0)

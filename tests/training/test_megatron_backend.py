@@ -65,3 +65,26 @@ def test_megatron_backend_trains_like_the_torch_backend(tiny_model):
     assert figures["gap_before"] < 1e-4, figures  # same forward
     assert abs(figures["loss_mg"] - figures["loss_pt"]) < 1e-4, figures  # same objective
     assert figures["gap_after"] < 1e-3 and figures["export_gap"] < 1e-3, figures  # same update
+
+
+def test_megatron_trains_data_parallel_under_a_torchrun_style_launch(tiny_model):
+    """trainer.world_size 2 with the Megatron backend, each rank its own process with RANK/WORLD_SIZE/
+    MASTER_* (as torchrun or the Kubernetes rendering sets them): Megatron's parallel state is made
+    over the trainer's ranks (data-parallel size 2) and the step equals the PyTorch backend's on one."""
+    import os
+
+    from rollart.training.ranks import Rendezvous
+
+    port = Rendezvous.local(2).port
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests/training/megatron_dp.py"), str(tiny_model)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)})
+             for rank in (0, 1)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    figures = json.loads(outputs[0][0].strip().splitlines()[-1])
+    assert figures["data_parallel_size"] == 2, figures
+    assert abs(figures["loss_mg"] - figures["loss_pt"]) < 1e-4, figures  # same objective over the two ranks' rows
+    assert abs(figures["grad_norm_mg"] - figures["grad_norm_pt"]) < 1e-3 * figures["grad_norm_pt"], figures
+    assert figures["weight_gap"] < 1e-3, figures  # same update
