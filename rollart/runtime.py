@@ -1,7 +1,8 @@
 """What a stage process holds: config, endpoints, one producer, one Redis client, /metrics.
 
 ``open_runtime`` wires them once; ``Runtime.consumer_loop`` builds a consumer loop with the group's
-de-duplication and the shared producer, so a stage's entry point is a handler and a few lines.
+de-duplication and the shared producer. A stage member's lifecycle around them (stop request, start,
+ordered stop and drain) is :mod:`rollart.stages.runner`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from redis.asyncio import Redis
 
-from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler, StopRequest
+from rollart.bus import BusProducer, ConsumerLoop, Deduplicator, Handler
 from rollart.bus.transaction import exactly_once, transactional_id
 from rollart.config import TANSU_HAS_NO_TRANSACTIONS, ConfigError, RollartConfig
 from rollart.endpoints import Endpoints, resolve_endpoints
@@ -65,21 +66,3 @@ async def open_runtime(config: RollartConfig, *, client_id: str | None = None,
         await producer.stop()
         await redis.aclose()
 
-
-async def run_in_order(stop: StopRequest, *, upstream, downstream) -> None:
-    """Run two consumer loops of one member; on ``stop`` (SIGTERM) stop ``upstream`` first (its
-    handlers still wait on replies that ``downstream`` delivers), then ``downstream``. Re-raises the
-    first failure."""
-    import asyncio
-
-    stop.on_request(upstream.stop)
-    down = asyncio.create_task(downstream.run())
-    up = asyncio.create_task(upstream.run())
-    await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-    upstream.stop()
-    up_error = (await asyncio.gather(up, return_exceptions=True))[0]
-    downstream.stop()
-    down_error = (await asyncio.gather(down, return_exceptions=True))[0]
-    for error in (up_error, down_error):
-        if isinstance(error, BaseException):
-            raise error

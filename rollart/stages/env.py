@@ -39,9 +39,10 @@ from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.rollout.routing import PoolRouter, init_fallback_metrics
 from rollart.rollout.trajectory import TrajectoryBuilder
-from rollart.runtime import Runtime, open_runtime, run_in_order
+from rollart.runtime import Runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.names import ENV_ACTIONS, TASKS, TRAJECTORIES_COMPLETED
+from rollart.stages.runner import Member, run_member
 
 log = logging.getLogger(__name__)
 
@@ -377,13 +378,13 @@ async def run_env(config: RollartConfig, stop: StopRequest) -> None:
     member = f"env-{socket.gethostname()}-{os.getpid()}"
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     init_metrics(config)
-    async with open_runtime(config, client_id=member) as rt:
-        tasks, actions = env_loops(rt, EnvManager(rt, chat, member))
-        await run_in_order(stop, upstream=tasks, downstream=actions)
+    await run_member(config, stop, lambda rt: Member(loops=env_loops(rt, EnvManager(rt, chat, member))),
+                     client_id=member)
 
 
 def env_loops(rt: Runtime, manager: EnvManager):
-    """The member's two loops: (tasks → groups, env.actions → results)."""
+    """The member's two loops in stop order: (tasks → groups, env.actions → results); the task
+    loop's groups wait on the results the actions loop delivers, so it drains first."""
     config = rt.config
     actions = manager.replies.consumer_loop("env-actions")
     tasks = rt.consumer_loop("env", [TASKS], manager.handle_task, ordering="none",

@@ -40,10 +40,11 @@ from rollart.evaluation.pinning import PIN_SLOTS, pin, unpin
 from rollart.evaluation.tasks import due, eval_group_version, eval_sources, eval_tasks, latest_due
 from rollart.messages import DEFAULT_CODEC, Abort, Envelope, EvalSummary, GroupEnded, MessageDecodeError, \
     ScoredTrajectory, VersionAnnouncement
-from rollart.runtime import Runtime, open_runtime
+from rollart.runtime import Runtime
 from rollart.tracking import Trackers
 from rollart.weights.follower import watch_versions
 from rollart.names import EVAL_RESULTS, EVAL_SUMMARIES, TASKS
+from rollart.stages.runner import Member, Work, run_member
 
 log = logging.getLogger(__name__)
 
@@ -223,26 +224,17 @@ async def run_eval(config: RollartConfig, stop: StopRequest) -> None:
         raise ValueError("the eval stage needs an eval: section in the job config")
     init_metrics(config)
     member = f"eval-{socket.gethostname()}-{os.getpid()}"
-    trackers = Trackers.from_config(config, role="eval")
-    try:
-        async with open_runtime(config, client_id=member) as rt:
-            stage = EvalStage(rt, trackers)
-            await stage.recover()
-            results = rt.consumer_loop("eval", [EVAL_RESULTS], stage.handle, ordering="none")
-            stop.on_request(stage.stop)
-            stop.on_request(results.stop)
-            watcher = asyncio.create_task(watch_versions(rt, f"{member}-versions", stage.on_announcement))
-            consuming = asyncio.create_task(results.run())
-            try:
-                await stage.run()
-            finally:
-                results.stop()
-                watcher.cancel()
-                for task in (watcher, consuming):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-    finally:
-        trackers.close()
+    trackers = Trackers.from_config(config, role="eval")  # a tracker configured but not installed fails now
+    await run_member(config, stop, lambda rt: eval_member(rt, member, trackers), client_id=member)
+
+
+async def eval_member(rt: Runtime, member: str, trackers: Trackers) -> Member:
+    """The schedule, then the results loop that feeds it; beside them, a watcher of the announced versions."""
+    stage = EvalStage(rt, trackers)
+    await stage.recover()
+    results = rt.consumer_loop("eval", [EVAL_RESULTS], stage.handle, ordering="none")
+    watcher = Work(lambda: watch_versions(rt, f"{member}-versions", stage.on_announcement))  # runs until cancelled
+    return Member(loops=[stage, results], background=[watcher], cleanup=[trackers.close])
 
 
 def _append_line(path, line: str) -> None:

@@ -26,11 +26,12 @@ from rollart.lag import consumer_lag
 from rollart.config import ConfigError, RollartConfig
 from rollart.datasets import Row, training_rows
 from rollart.messages import TaskSpec
-from rollart.runtime import Runtime, open_runtime
+from rollart.runtime import Runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.state.admission import starving_key
 from rollart.names import RedisKeys
 from rollart.names import TASKS
+from rollart.stages.runner import Member, run_member
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
 log = logging.getLogger(__name__)
@@ -216,7 +217,5 @@ class Feeder:
 
 
 async def run_feeder(config: RollartConfig, stop: StopRequest) -> None:
-    async with open_runtime(config, client_id="feeder") as rt:
-        feeder = Feeder(rt)
-        stop.on_request(feeder.stop)
-        await feeder.run()
+    """Release task groups until ``feeder.max_groups`` or ``stop`` (SIGTERM)."""
+    await run_member(config, stop, lambda rt: Member(loops=[Feeder(rt)]), client_id="feeder")

@@ -10,8 +10,6 @@ the version its requests are pinned to (:mod:`rollart.evaluation.pinning`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -24,10 +22,11 @@ from rollart.bus.stopping import StartupInterrupted
 from rollart.config import RollartConfig
 from rollart.evaluation.pinning import PinnedWeights
 from rollart.messages import Abort, Envelope, GenerationRequest
-from rollart.runtime import Runtime, open_runtime
+from rollart.runtime import Runtime
 from rollart.state import PoolRegistry
 from rollart.weights.follower import WeightFollower
 from rollart.names import ENV_ACTIONS, REWARDS_JUDGE, gen_requests
+from rollart.stages.runner import Member, run_member
 
 log = logging.getLogger(__name__)
 
@@ -127,32 +126,30 @@ async def run_generation(config: RollartConfig, stop: StopRequest, *, pool: str,
 
         engine = VLLMEngine(ensure_model(config.model), config.generation)
     try:
-        try:
-            started = await stop.unless_requested(engine.start())
-        except StartupInterrupted:
-            started = None
-        if started is None:
+        if not await start_engine(engine, stop):
             log.info("stop requested while the engine started: leaving before joining gen-%s", pool)
             return
-        async with open_runtime(config, client_id=member) as rt:
-            pins = PinnedWeights(rt, engine, pool=pool, member=member) \
-                if config.eval is not None and pool == config.eval.pool else None
-            follower = WeightFollower(rt, engine, pool=pool, member=member) \
-                if config.generation.follow_versions and pins is None else None
-            stage = GenerationStage(rt, engine, pool, member, follower, pins)
-            loop = generation_loop(rt, stage)
-            stop.on_request(loop.stop)
-            following = asyncio.create_task(follower.run()) if follower else None
-            try:
-                async with stage.membership():
-                    await loop.run()
-            finally:
-                if following is not None:
-                    follower.stop()
-                    following.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await following
-                if pins is not None:
-                    pins.close()
+        await run_member(config, stop, lambda rt: generation_member(rt, engine, pool, member), client_id=member)
     finally:
         engine.shutdown()
+
+
+async def start_engine(engine, stop: StopRequest) -> bool:
+    """Start (load, warm up) the engine; False if a stop came first (the warm-up is then skipped)."""
+    try:
+        return await stop.unless_requested(engine.start()) is not None
+    except StartupInterrupted:
+        return False
+
+
+def generation_member(rt: Runtime, engine, pool: str, member: str) -> Member:
+    """The request loop, held in the pool registry while it runs; beside it the weight follower
+    (a pool that follows the training versions), or the eval pool's pins."""
+    config = rt.config
+    pins = PinnedWeights(rt, engine, pool=pool, member=member) \
+        if config.eval is not None and pool == config.eval.pool else None
+    follower = WeightFollower(rt, engine, pool=pool, member=member) \
+        if config.generation.follow_versions and pins is None else None
+    stage = GenerationStage(rt, engine, pool, member, follower, pins)
+    return Member(loops=[generation_loop(rt, stage)], background=[follower] if follower else [],
+                  holding=[stage.membership()], cleanup=[pins.close] if pins else [])

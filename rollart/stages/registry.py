@@ -6,7 +6,9 @@ stage's ACLs from both), the coroutine that runs one member, whether there is on
 whether it is a single writer, which job needs it, and how `rollart run` and `rollart rollout` start it.
 `rollart consume`, the local runners, chaos, `rollart deploy render/status` and the ACLs all read
 :data:`STAGES`; a test holds the catalog to it. Adding a stage is an entry here, its module, and
-``consumers/<name>.py``.
+``consumers/<name>.py``. A stage's runner builds what its member runs (a
+:class:`rollart.stages.runner.Member`: loops in stop order, background work, cleanup) and hands it to
+:func:`rollart.stages.runner.run_member`, which owns the rest of the member's life.
 """
 
 from __future__ import annotations

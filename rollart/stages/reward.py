@@ -36,8 +36,9 @@ from rollart.rewards.rules import last_turn_tokens
 from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
-from rollart.runtime import Runtime, open_runtime, run_in_order
+from rollart.runtime import Runtime
 from rollart.stages.feeder import sources_from, task_spec
+from rollart.stages.runner import Member, run_member
 from rollart.names import EVAL_RESULTS, REWARDS_JUDGE, REWARDS_RESULTS, TASKS, TRAJECTORIES_COMPLETED
 
 LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
@@ -181,14 +182,10 @@ async def run_reward(config: RollartConfig, stop: StopRequest) -> None:
         FAILURES.labels(config.job, tag, spec.reward.type)
         SCORED.labels(config.job, tag)
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
-    async with open_runtime(config, client_id=member) as rt:
-        bridge = RewardBridge(rt, chat)
-        scoring, verdicts = reward_loops(rt, bridge)
-        try:
-            if verdicts is None:
-                stop.on_request(scoring.stop)
-                await scoring.run()
-            else:
-                await run_in_order(stop, upstream=scoring, downstream=verdicts)
-        finally:
-            await bridge.close()
+    await run_member(config, stop, lambda rt: reward_member(RewardBridge(rt, chat)), client_id=member)
+
+
+def reward_member(bridge: RewardBridge) -> Member:
+    """The scoring loop, then (when a tag uses an LLM judge) the verdict loop its judged handlers wait on."""
+    scoring, verdicts = reward_loops(bridge.rt, bridge)
+    return Member(loops=[scoring, *([verdicts] if verdicts is not None else [])], cleanup=[bridge.close])

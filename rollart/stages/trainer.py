@@ -26,7 +26,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from rollart.bus import ConsumerLoop, MessageContext, StopRequest
 from rollart.config import ConfigError, RollartConfig
 from rollart.messages import Abort, Envelope, GroupEnded, ScoredTrajectory
-from rollart.runtime import Runtime, open_runtime
+from rollart.runtime import Runtime
 from rollart.state import VersionWriter
 from rollart.training.algorithms import PolicyLossConfig
 from rollart.training.buffer import Group, SampleBuffer
@@ -36,6 +36,7 @@ from rollart.weights import WeightPublisher, make_transport
 from rollart.state.admission import AdmissionCounters, starving_key
 from rollart.weights.follower import pulling_versions
 from rollart.names import REWARDS_RESULTS
+from rollart.stages.runner import Member, Work, run_member
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +448,8 @@ async def _train(config: RollartConfig, stop: StopRequest, backend, checkpoints:
         checkpoints.truncate_record(state.step)
         log.info("resumed from step %d (version %d)", state.step, state.version)
     pad_id = AutoTokenizer.from_pretrained(str(config.model.path)).pad_token_id
-    async with open_runtime(config, client_id="trainer") as rt:
+
+    async def member(rt: Runtime) -> Member:
         transport = await asyncio.to_thread(make_transport, config.weights, rt.endpoints)
         publisher = WeightPublisher.from_config(transport, config.job, config.weights)
         writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer,
@@ -457,19 +459,18 @@ async def _train(config: RollartConfig, stop: StopRequest, backend, checkpoints:
         stage = TrainerStage(rt, backend, checkpoints, publisher, writer, pad_id=pad_id, state=state,
                              tracking=tracking)
         loop = trainer_loop(rt, stage)
-        finish = asyncio.Event()  # SIGTERM, or the consumer loop ended (the step loop then ends too)
-        stop.on_request(finish.set)
-        consuming = asyncio.create_task(loop.run())
-        training = asyncio.create_task(stage.run(finish, config.trainer.max_steps))
-        try:
-            await asyncio.wait({consuming, training, asyncio.create_task(finish.wait())},
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            finish.set()
-            loop.stop()
-            for task in (training, consuming):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await writer.release()
-            transport.close()
-            tracking.close()
+        return Member(loops=[step_loop(stage, loop), loop], cleanup=[writer.release, transport.close, tracking.close])
+
+    await run_member(config, stop, member, client_id="trainer")
+
+
+def step_loop(stage: TrainerStage, loop: ConsumerLoop) -> Work:
+    """The training steps until ``trainer.max_steps``. Its stop is the finish event (SIGTERM, or the
+    consumer loop ended): it ends the consumer loop too, both at once."""
+    finish = asyncio.Event()
+
+    def end() -> None:
+        finish.set()
+        loop.stop()
+
+    return Work(lambda: stage.run(finish, stage.config.trainer.max_steps), end)

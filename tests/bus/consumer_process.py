@@ -19,7 +19,7 @@ import time
 from rollart.bus import StopRequest
 from rollart.bus.stopping import StartupInterrupted, interruptible
 from rollart.config import build_config
-from rollart.runtime import open_runtime
+from rollart.stages.runner import Member, run_member
 
 
 async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str, effect_key: str,
@@ -39,10 +39,10 @@ async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str,
     config = build_config({"job": job, "kafka": {"bootstrap": bootstrap}, "redis": {"url": redis_url},
                            "bus": {"commit_interval_s": float(commit_interval_s), "fetch_max_wait_ms": 20,
                                    "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}})
-    async with open_runtime(config, serve=False) as rt:
-        handled = 0
-        output_topic = os.environ.get("OUTPUT_TOPIC")
+    handled = 0
+    output_topic = os.environ.get("OUTPUT_TOPIC")
 
+    def build(rt):
         async def handle(envelope, ctx) -> None:
             nonlocal handled
             print(f"started {envelope.message_id}", flush=True)
@@ -53,9 +53,9 @@ async def main(bootstrap: str, redis_url: str, job: str, group: str, topic: str,
             handled += 1
             print(f"handled {handled}", flush=True)
 
-        loop = rt.consumer_loop(group, [topic], handle, transactional=bool(output_topic))
-        stop.on_request(loop.stop)
-        await loop.run()
+        return Member(loops=[rt.consumer_loop(group, [topic], handle, transactional=bool(output_topic))])
+
+    await run_member(config, stop, build)  # as every stage's member runs
     print("exited cleanly", flush=True)
 
 
