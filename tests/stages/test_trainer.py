@@ -263,7 +263,9 @@ async def test_old_versions_are_collected_unless_a_consumer_is_pulling_them(trai
     await redis.hdel(key, "gen-a")
     await trainer.produce([scored(40 + g, m, reward=float(m), version=3, job=job) for g in range(2) for m in range(2)])
     await eventually(lambda: trainer.stage.version == 4, what="version 4")
-    assert sorted(publisher.published) == [3, 4], "keep_versions = 2 once nobody pulls the old ones"
+    # (the version is announced before the old ones are collected: wait for the collection)
+    await eventually(lambda: sorted(publisher.published) == [3, 4],
+                     what="keep_versions = 2 once nobody pulls the old ones")
 
 
 @pytest.mark.trainer(weights={"sync": "delta", "bucket_bytes": 1 << 18})
