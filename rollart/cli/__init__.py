@@ -26,17 +26,15 @@ app = typer.Typer(help="rollart: disaggregated multi-task agentic RL on Kafka co
                   no_args_is_help=True, pretty_exceptions_enable=False)
 local_app = typer.Typer(help="The embedded local stack (Apache Kafka or Tansu, Redis, Mooncake).", no_args_is_help=True)
 topics_app = typer.Typer(help="The topic catalog (topics/*.yaml).", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks that print their figures.", no_args_is_help=True)
 model_app = typer.Typer(help="Local models for tests and demos (no hub downloads).", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(local_app, name="local")
 app.add_typer(topics_app, name="topics")
-app.add_typer(bench_app, name="bench")
-from rollart.cli.bench import register as register_benchmarks  # noqa: E402 - after the apps they join
+from rollart.cli.bench import bench_app  # noqa: E402 - after the apps they join
+from rollart.cli.chaos import register as register_chaos  # noqa: E402
 from rollart.cli.deploy import deploy_app  # noqa: E402
 
-register_benchmarks(bench_app)
-from rollart.cli.chaos import register as register_chaos  # noqa: E402
+app.add_typer(bench_app, name="bench")
 
 register_chaos(app)
 

@@ -19,6 +19,8 @@ console = Console() if Console().is_terminal else Console(width=200)  # tables w
 ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML (endpoints, model).")]
 OutOption = Annotated[Optional[Path], typer.Option(help="Write the result JSON here.")]
 
+bench_app = typer.Typer(help="Benchmarks that print their figures.", no_args_is_help=True)
+
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
@@ -66,240 +68,251 @@ def _weight_sync_overlap(config: Path | None, out: Path | None, versions: int, h
                   f"({result['bytes_per_version'] / 2**20:.0f} MiB per version)")
 
 
-def register(bench_app: typer.Typer) -> None:
-    @bench_app.command("traj-vs-batch")
-    def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
-                          mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.05,
-                          repeats: int = 3, trajectories: int = 64, turns: int = 8,
-                          broker: BrokerOption = None) -> None:
-        """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency."""
-        from rollart.bench.rollout_modes import bench_traj_vs_batch
+@bench_app.command("traj-vs-batch")
+def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
+                      mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.05,
+                      repeats: int = 3, trajectories: int = 64, turns: int = 8,
+                      broker: BrokerOption = None) -> None:
+    """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency."""
+    from rollart.bench.rollout_modes import bench_traj_vs_batch
 
-        run_benchmark(config, out, bench_traj_vs_batch,
-                      ["sigma_over_mu", "batch_s", "trajectory_s", "speedup"],
-                      "trajectory-level over batched at the largest sigma/mu", mu_s=mu, repeats=repeats,
-                      groups=max(1, trajectories // 8), group_size=8, turns=turns)
+    run_benchmark(config, out, bench_traj_vs_batch,
+                  ["sigma_over_mu", "batch_s", "trajectory_s", "speedup"],
+                  "trajectory-level over batched at the largest sigma/mu", mu_s=mu, repeats=repeats,
+                  groups=max(1, trajectories // 8), group_size=8, turns=turns)
 
-    @bench_app.command("redundancy")
-    def redundancy_cmd(config: ConfigOption = None, out: OutOption = None, redundancy: int = 2, repeats: int = 2,
-                       failure_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.01,
-                       straggler_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.02,
-                       straggler_s: float = 1.5, broker: BrokerOption = None) -> None:
-        """Rollout time per step with and without redundant rollouts, under env failures and stragglers."""
-        from rollart.bench.redundancy import bench_redundancy
 
-        run_benchmark(config, out, bench_redundancy,
-                      ["redundancy", "rollouts_per_group", "per_step_s", "groups_released", "groups_incomplete"],
-                      "redundant rollout over none (time per step)", redundancy=redundancy, repeats=repeats,
-                      failure_rate=failure_rate, straggler_rate=straggler_rate, straggler_s=straggler_s)
+@bench_app.command("redundancy")
+def redundancy_cmd(config: ConfigOption = None, out: OutOption = None, redundancy: int = 2, repeats: int = 2,
+                   failure_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.01,
+                   straggler_rate: Annotated[float, typer.Option(help="Per env step.")] = 0.02,
+                   straggler_s: float = 1.5, broker: BrokerOption = None) -> None:
+    """Rollout time per step with and without redundant rollouts, under env failures and stragglers."""
+    from rollart.bench.redundancy import bench_redundancy
 
-    @bench_app.command("trainer-step")
-    def trainer_step_cmd(run: Annotated[Path, typer.Option(help="A finished run's --out directory (its trainer's "
-                                                               "record keeps each step's batch shape).")],
-                         config: ConfigOption = None, out: OutOption = None,
-                         steps: Annotated[int, typer.Option(min=1, help="The run's last N steps.")] = 20,
-                         torch_threads: Annotated[Optional[int], typer.Option(
-                             min=1, help="Default: the run's own.")] = None) -> None:
-        """A run's training steps timed alone on the same cores, beside their time inside the run."""
-        from rollart.bench.trainer_step import bench_trainer_step
+    run_benchmark(config, out, bench_redundancy,
+                  ["redundancy", "rollouts_per_group", "per_step_s", "groups_released", "groups_incomplete"],
+                  "redundant rollout over none (time per step)", redundancy=redundancy, repeats=repeats,
+                  failure_rate=failure_rate, straggler_rate=straggler_rate, straggler_s=straggler_s)
 
-        try:
-            run_benchmark(config, out, bench_trainer_step, ["mode", "step_s_mean", "step_s_p50"],
-                          "trainer step in the run over alone", run=run, steps=steps, torch_threads=torch_threads)
-        except ValueError as exc:
-            Console(stderr=True).print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from None
 
-    @bench_app.command("data-parallel")
-    def data_parallel_cmd(config: ConfigOption = None, out: OutOption = None,
-                          world_size: Annotated[int, typer.Option(min=2, help="Ranks beside the one-rank step.")] = 2,
-                          steps: int = 8, samples: int = 32, length: int = 256,
-                          hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 256,
-                          layers: int = 4) -> None:
-        """A training step on one rank beside the same step on N data-parallel ranks (same cores, same batches)."""
-        from rollart.bench.data_parallel import bench_data_parallel
+@bench_app.command("trainer-step")
+def trainer_step_cmd(run: Annotated[Path, typer.Option(help="A finished run's --out directory (its trainer's "
+                                                           "record keeps each step's batch shape).")],
+                     config: ConfigOption = None, out: OutOption = None,
+                     steps: Annotated[int, typer.Option(min=1, help="The run's last N steps.")] = 20,
+                     torch_threads: Annotated[Optional[int], typer.Option(
+                         min=1, help="Default: the run's own.")] = None) -> None:
+    """A run's training steps timed alone on the same cores, beside their time inside the run."""
+    from rollart.bench.trainer_step import bench_trainer_step
 
-        result = run_benchmark(config, out, bench_data_parallel, ["mode", "ranks", "threads_per_rank", "step_s_mean",
-                                                                  "step_s_p50"], "one rank's step over N ranks'",
-                               world_size=world_size, steps=steps, samples=samples, length=length, hidden=hidden,
-                               layers=layers)
-        console.print(f"largest loss difference between the two: {result['loss_max_abs_diff']:.2e}")
+    try:
+        run_benchmark(config, out, bench_trainer_step, ["mode", "step_s_mean", "step_s_p50"],
+                      "trainer step in the run over alone", run=run, steps=steps, torch_threads=torch_threads)
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
 
-    @bench_app.command("pipeline-efficiency")
-    def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
-                     max_tokens: int = 8, repeats: int = 3,
-                     broker: Annotated[Optional[str], typer.Option(
-                         help="kafka | tansu | both: on a throw-away local stack of that broker (both: one after "
-                              "the other). Default: the configured stack, else a local one.")] = None,
-                     guarantees: Annotated[bool, typer.Option(
-                         "--guarantees", help="at_least_once then exactly_once, side by side (Apache Kafka)")] = False,
-                     ) -> None:
-        """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn bus overhead p50/p99."""
-        from rollart.bench.brokers import per_broker
-        from rollart.bench.pipeline import bench_pipeline, bench_pipeline_guarantees
 
-        bench = bench_pipeline_guarantees if guarantees else bench_pipeline
+@bench_app.command("data-parallel")
+def data_parallel_cmd(config: ConfigOption = None, out: OutOption = None,
+                      world_size: Annotated[int, typer.Option(min=2, help="Ranks beside the one-rank step.")] = 2,
+                      steps: int = 8, samples: int = 32, length: int = 256,
+                      hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 256,
+                      layers: int = 4) -> None:
+    """A training step on one rank beside the same step on N data-parallel ranks (same cores, same batches)."""
+    from rollart.bench.data_parallel import bench_data_parallel
 
-        async def measure(config, work, **kwargs):
-            if broker is None:
-                return await bench(config, work, **kwargs)
-            return await per_broker(broker, lambda kind: bench(config, work / kind, **kwargs))
+    result = run_benchmark(config, out, bench_data_parallel, ["mode", "ranks", "threads_per_rank", "step_s_mean",
+                                                              "step_s_p50"], "one rank's step over N ranks'",
+                           world_size=world_size, steps=steps, samples=samples, length=length, hidden=hidden,
+                           layers=layers)
+    console.print(f"largest loss difference between the two: {result['loss_max_abs_diff']:.2e}")
 
-        result = run_benchmark(config, out, measure, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
-                               f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s)",
-                               trajectories=trajectories, turns=turns,
-                               max_tokens=max_tokens, repeats=repeats)
-        for kind, figures in (result.get("brokers") or {}).items():
-            if kind != result["broker"]:  # the first broker's figures are the ones printed above
-                print_result(figures, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
-                             f"{kind}: pipeline over raw engine (tokens/s)")
-        for guarantee, figures in (result.get("guarantees") or {}).items():
-            print_result(figures, ["mode", "tokens_per_s", "trajectories_per_s", "seconds", "p50_ms", "p99_ms"],
-                         f"{guarantee}: pipeline over raw engine")
 
-    @bench_app.command("scale")
-    def scale_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 1000, turns: int = 4,
-                  step_s: Annotated[float, typer.Option(help="Env step latency (keeps trajectories open).")] = 2.0,
-                  broker: BrokerOption = None) -> None:
-        """One env consumer process holding N concurrent trajectories: memory and CPU per trajectory."""
-        from rollart.bench.scale import bench_scale
+@bench_app.command("pipeline-efficiency")
+def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
+                 max_tokens: int = 8, repeats: int = 3,
+                 broker: Annotated[Optional[str], typer.Option(
+                     help="kafka | tansu | both: on a throw-away local stack of that broker (both: one after "
+                          "the other). Default: the configured stack, else a local one.")] = None,
+                 guarantees: Annotated[bool, typer.Option(
+                     "--guarantees", help="at_least_once then exactly_once, side by side (Apache Kafka)")] = False,
+                 ) -> None:
+    """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn bus overhead p50/p99."""
+    from rollart.bench.brokers import per_broker
+    from rollart.bench.pipeline import bench_pipeline, bench_pipeline_guarantees
 
-        run_benchmark(config, out, bench_scale, ["measure", "value"], "share of the target held concurrently",
-                      trajectories=trajectories, turns=turns, step_s=step_s)
+    bench = bench_pipeline_guarantees if guarantees else bench_pipeline
 
-    @bench_app.command("elastic")
-    def elastic_cmd(config: ConfigOption = None, out: OutOption = None,
-                    phases: Annotated[str, typer.Option(help="Members per phase: ENVxGEN (generation per pool).")]
-                    = "1x1,2x2,1x1",
-                    phase_s: Annotated[float, typer.Option("--phase", help="Seconds per phase.")] = 150.0,
-                    settle_s: Annotated[float, typer.Option("--settle", help="Seconds of each phase not counted "
-                                                                              "(engines load, groups rebalance).")] = 45.0,
-                    broker: BrokerOption = None) -> None:
-        """One training job scaled through phases of rollout members: trajectories trained per minute per phase."""
-        from rollart.bench.elastic import bench_elastic
+    async def measure(config, work, **kwargs):
+        if broker is None:
+            return await bench(config, work, **kwargs)
+        return await per_broker(broker, lambda kind: bench(config, work / kind, **kwargs))
 
-        run_benchmark(config, out, bench_elastic, ["phase", "env", "generation", "trained", "trajectories_per_min",
-                                                   "per_member_per_min", "window_s"],
-                      "widest phase over the first (trajectories trained per minute)", job_path=config,
-                      phases=phases, phase_s=phase_s, settle_s=settle_s)
+    result = run_benchmark(config, out, measure, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
+                           f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s)",
+                           trajectories=trajectories, turns=turns,
+                           max_tokens=max_tokens, repeats=repeats)
+    for kind, figures in (result.get("brokers") or {}).items():
+        if kind != result["broker"]:  # the first broker's figures are the ones printed above
+            print_result(figures, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
+                         f"{kind}: pipeline over raw engine (tokens/s)")
+    for guarantee, figures in (result.get("guarantees") or {}).items():
+        print_result(figures, ["mode", "tokens_per_s", "trajectories_per_s", "seconds", "p50_ms", "p99_ms"],
+                     f"{guarantee}: pipeline over raw engine")
 
-    @bench_app.command("weight-sync")
-    def weight_sync_cmd(config: ConfigOption = None, out: OutOption = None, versions: int = 6,
-                        hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 768,
-                        layers: int = 12, broker: BrokerOption = None,
-                        compare: Annotated[str, typer.Option(
-                            help="delta: full vs delta sync, bytes and seconds per version (no engine); overlap: "
-                                 "background pull vs blocking push with a vLLM engine under load.")] = "delta",
-                        dtype: Annotated[str, typer.Option(help="delta: the published dtype.")] = "bfloat16",
-                        lr: Annotated[float, typer.Option(help="delta: the simulated optimiser step.")] = 1e-6,
-                        transport: Annotated[str, typer.Option(
-                            help="delta: auto (Mooncake when the stack has one) | mooncake | fs.")] = "auto",
-                        codec: Annotated[str, typer.Option(help="delta: weights.delta_codec.")] = "sparse") -> None:
-        """Weight sync: full vs delta (bytes moved, seconds, weights changed), or background vs blocking."""
-        if compare == "overlap":
-            return _weight_sync_overlap(config, out, versions, hidden, layers)
-        from rollart.bench.delta_sync import bench_delta_sync
-        from rollart.weights.delta import DELTA_CODECS
-        from rollart.weights.publish import WEIGHT_DTYPES
 
-        if (compare != "delta" or transport not in ("auto", "mooncake", "fs") or dtype not in WEIGHT_DTYPES
-                or codec not in DELTA_CODECS):
-            Console(stderr=True).print(f"[red]--compare is delta or overlap, --transport auto, mooncake or fs, "
-                                       f"--dtype one of {', '.join(WEIGHT_DTYPES)}, --codec one of "
-                                       f"{', '.join(DELTA_CODECS)}[/red]")
-            raise typer.Exit(2)
+@bench_app.command("scale")
+def scale_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 1000, turns: int = 4,
+              step_s: Annotated[float, typer.Option(help="Env step latency (keeps trajectories open).")] = 2.0,
+              broker: BrokerOption = None) -> None:
+    """One env consumer process holding N concurrent trajectories: memory and CPU per trajectory."""
+    from rollart.bench.scale import bench_scale
 
-        result = run_benchmark(config, out, bench_delta_sync,
-                               ["mode", "version", "bytes", "written_bytes", "seconds", "publish_s", "pull_s",
-                                "changed_fraction"], "full seconds over delta seconds per version",
-                               versions=versions, hidden=hidden, layers=layers, dtype=dtype, lr=lr, transport=transport,
-                               codec=codec)
-        for mode, figures in result["summary"].items():
-            console.print(f"{mode:>5}: {figures['seconds']:.3f} s, {figures['bytes'] / 2**20:.2f} MiB pulled, "
-                          f"{figures['written_bytes'] / 2**20:.2f} MiB written per version (median)")
-        console.print(f"delta pulls {result['bytes_ratio']:.1f}x fewer bytes; {result['changed_fraction']:.1%} of the "
-                      f"weights changed per step ({result['version_bytes'] / 2**20:.0f} MiB per version, "
-                      f"{result['dtype']}, {result['codec']} deltas, through {result['transport']})")
+    run_benchmark(config, out, bench_scale, ["measure", "value"], "share of the target held concurrently",
+                  trajectories=trajectories, turns=turns, step_s=step_s)
 
-    @bench_app.command("serverless-reward")
-    def serverless_reward_cmd(config: ConfigOption = None, out: OutOption = None, bursts: int = 6, burst: int = 64,
-                              gap_s: float = 2.0, service_s: float = 0.05, slots: int = 4,
-                              cold_start_s: float = 0.25, broker: BrokerOption = None) -> None:
-        """Rewards on a dedicated worker vs the HTTP function bridge under bursty completions."""
-        from rollart.bench.serverless_reward import bench_serverless_reward
 
-        run_benchmark(config, out, bench_serverless_reward,
-                      ["mode", "capacity", "burst_makespan_s", "reward_latency_p50_s", "reward_latency_p99_s",
-                       "utilisation", "cold_starts", "scored"],
-                      "dedicated over serverless (burst makespan)", bursts=bursts, burst=burst, gap_s=gap_s,
-                      service_s=service_s, slots=slots, cold_start_s=cold_start_s)
+@bench_app.command("elastic")
+def elastic_cmd(config: ConfigOption = None, out: OutOption = None,
+                phases: Annotated[str, typer.Option(help="Members per phase: ENVxGEN (generation per pool).")]
+                = "1x1,2x2,1x1",
+                phase_s: Annotated[float, typer.Option("--phase", help="Seconds per phase.")] = 150.0,
+                settle_s: Annotated[float, typer.Option("--settle", help="Seconds of each phase not counted "
+                                                                          "(engines load, groups rebalance).")] = 45.0,
+                broker: BrokerOption = None) -> None:
+    """One training job scaled through phases of rollout members: trajectories trained per minute per phase."""
+    from rollart.bench.elastic import bench_elastic
 
-    @bench_app.command("time-to-quality")
-    def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job (its tags, "
-                                                                  "model, batch, alpha).")] = Path("configs/demo.yaml"),
-                            out: OutOption = None,
-                            steps: Annotated[int, typer.Option(min=1, help="Training steps of each run.")] = 150,
-                            target: Annotated[float, typer.Option(min=0.0, max=1.0, help="Success rate.")] = 0.9,
-                            window: Annotated[int, typer.Option(min=1, help="Steps the success is averaged over.")]
-                            = 5,
-                            order: Annotated[str, typer.Option(help="Which runs, in order: in-process,pipeline "
-                                                                    "(either alone: its figures only).")]
-                            = "in-process,pipeline") -> None:
-        """Time to a success rate: the pipeline (rollart run) against an in-process generate-then-train loop."""
-        from rollart.bench.time_to_quality import bench_time_to_quality
+    run_benchmark(config, out, bench_elastic, ["phase", "env", "generation", "trained", "trajectories_per_min",
+                                               "per_member_per_min", "window_s"],
+                  "widest phase over the first (trajectories trained per minute)", job_path=config,
+                  phases=phases, phase_s=phase_s, settle_s=settle_s)
 
-        try:
-            result = run_benchmark(config, out, bench_time_to_quality,
-                                   ["mode", "seconds_to_target", "steps_to_target", "seconds_per_step",
-                                    "first_step_s", "success_last_steps", "train_s_mean", "wait_s_mean"],
-                                   f"pipeline time over in-process time to {target:.0%} success", job_yaml=config,
-                                   steps=steps, target=target, window=window,
-                                   order=tuple(m.strip() for m in order.split(",") if m.strip()))
-        except ValueError as exc:  # --order names an unknown run (checked before anything starts)
-            Console(stderr=True).print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from None
-        if "measured_on" in result:
-            console.print(f"measured on: {result['measured_on']}")
 
-    @bench_app.command("goodput")
-    def goodput_cmd(config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML "
-                                                                   "(default: the chaos job).")] = None,
-                    out: OutOption = None, steps: Annotated[int, typer.Option(min=2)] = 20,
-                    rates: Annotated[str, typer.Option(help="Per-step env failure rates.")] = "0.01,0.05,0.1",
-                    broker: BrokerOption = None) -> None:
-        """Trained per minute as env steps fail at each rate, beside the fault-free run (goodput ratio)."""
-        from rollart.bench.goodput import bench_goodput
+@bench_app.command("weight-sync")
+def weight_sync_cmd(config: ConfigOption = None, out: OutOption = None, versions: int = 6,
+                    hidden: Annotated[int, typer.Option(help="Model width (a random Qwen2 made locally).")] = 768,
+                    layers: int = 12, broker: BrokerOption = None,
+                    compare: Annotated[str, typer.Option(
+                        help="delta: full vs delta sync, bytes and seconds per version (no engine); overlap: "
+                             "background pull vs blocking push with a vLLM engine under load.")] = "delta",
+                    dtype: Annotated[str, typer.Option(help="delta: the published dtype.")] = "bfloat16",
+                    lr: Annotated[float, typer.Option(help="delta: the simulated optimiser step.")] = 1e-6,
+                    transport: Annotated[str, typer.Option(
+                        help="delta: auto (Mooncake when the stack has one) | mooncake | fs.")] = "auto",
+                    codec: Annotated[str, typer.Option(help="delta: weights.delta_codec.")] = "sparse") -> None:
+    """Weight sync: full vs delta (bytes moved, seconds, weights changed), or background vs blocking."""
+    if compare == "overlap":
+        return _weight_sync_overlap(config, out, versions, hidden, layers)
+    from rollart.bench.delta_sync import bench_delta_sync
+    from rollart.weights.delta import DELTA_CODECS
+    from rollart.weights.publish import WEIGHT_DTYPES
 
-        run_benchmark(config, out, bench_goodput,
-                      ["env_failure_rate", "steps", "trained_per_min", "goodput_ratio", "replacements", "aborted",
-                       "lost", "trained_twice", "longest_stall_s", "audit_holds"],
-                      "goodput ratio at the highest failure rate", job_yaml=config, steps=steps,
-                      rates=tuple(float(r) for r in rates.split(",") if r.strip()))
+    if (compare != "delta" or transport not in ("auto", "mooncake", "fs") or dtype not in WEIGHT_DTYPES
+            or codec not in DELTA_CODECS):
+        Console(stderr=True).print(f"[red]--compare is delta or overlap, --transport auto, mooncake or fs, "
+                                   f"--dtype one of {', '.join(WEIGHT_DTYPES)}, --codec one of "
+                                   f"{', '.join(DELTA_CODECS)}[/red]")
+        raise typer.Exit(2)
 
-    @bench_app.command("eval-cost")
-    def eval_cost_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job, without eval: (an "
-                                                           "eval pool and held-out copies of its tags are added).")]
-                      = Path("configs/demo.yaml"), out: OutOption = None, steps: int = 20, warmup: int = 2,
-                      every: Annotated[int, typer.Option(min=1, help="eval.every_versions of the eval run.")] = 5,
-                      tasks: Annotated[int, typer.Option(min=1, help="Eval tasks per tag.")] = 16) -> None:
-        """Training throughput with held-out evaluation running beside it, against the same job without."""
-        from rollart.bench.eval_cost import bench_eval_cost
+    result = run_benchmark(config, out, bench_delta_sync,
+                           ["mode", "version", "bytes", "written_bytes", "seconds", "publish_s", "pull_s",
+                            "changed_fraction"], "full seconds over delta seconds per version",
+                           versions=versions, hidden=hidden, layers=layers, dtype=dtype, lr=lr, transport=transport,
+                           codec=codec)
+    for mode, figures in result["summary"].items():
+        console.print(f"{mode:>5}: {figures['seconds']:.3f} s, {figures['bytes'] / 2**20:.2f} MiB pulled, "
+                      f"{figures['written_bytes'] / 2**20:.2f} MiB written per version (median)")
+    console.print(f"delta pulls {result['bytes_ratio']:.1f}x fewer bytes; {result['changed_fraction']:.1%} of the "
+                  f"weights changed per step ({result['version_bytes'] / 2**20:.0f} MiB per version, "
+                  f"{result['dtype']}, {result['codec']} deltas, through {result['transport']})")
 
-        run_benchmark(config, out, bench_eval_cost,
-                      ["mode", "trajectories_per_s", "step_s", "wait_s_mean", "train_s_mean", "eval_versions",
-                       "eval_s_mean", "eval_success_last", "throughput_vs_no_eval"],
-                      "training throughput with eval over without", job_yaml=config, steps=steps, warmup=warmup,
-                      every=every, tasks=tasks)
 
-    @bench_app.command("async")
-    def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,
-                  modes: Annotated[str, typer.Option(help="Comma-separated subset of sync,one-off,alpha=1,alpha=2.")]
-                  = "sync,one-off,alpha=1,alpha=2", broker: BrokerOption = None) -> None:
-        """Training throughput: sync (alpha 0), one-off, alpha 1 and 2; generation and trainer on separate CPUs."""
-        from rollart.bench.async_modes import bench_async
+@bench_app.command("serverless-reward")
+def serverless_reward_cmd(config: ConfigOption = None, out: OutOption = None, bursts: int = 6, burst: int = 64,
+                          gap_s: float = 2.0, service_s: float = 0.05, slots: int = 4,
+                          cold_start_s: float = 0.25, broker: BrokerOption = None) -> None:
+    """Rewards on a dedicated worker vs the HTTP function bridge under bursty completions."""
+    from rollart.bench.serverless_reward import bench_serverless_reward
 
-        run_benchmark(config, out, bench_async,
-                      ["mode", "trajectories_per_s", "tokens_per_s", "step_s", "wait_s_mean", "train_s_mean",
-                       "staleness_max", "speedup_vs_sync"],
-                      "best asynchronous mode over sync (trajectories/s)", job_yaml=config, steps=steps,
-                      warmup=warmup, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
+    run_benchmark(config, out, bench_serverless_reward,
+                  ["mode", "capacity", "burst_makespan_s", "reward_latency_p50_s", "reward_latency_p99_s",
+                   "utilisation", "cold_starts", "scored"],
+                  "dedicated over serverless (burst makespan)", bursts=bursts, burst=burst, gap_s=gap_s,
+                  service_s=service_s, slots=slots, cold_start_s=cold_start_s)
+
+
+@bench_app.command("time-to-quality")
+def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job (its tags, "
+                                                              "model, batch, alpha).")] = Path("configs/demo.yaml"),
+                        out: OutOption = None,
+                        steps: Annotated[int, typer.Option(min=1, help="Training steps of each run.")] = 150,
+                        target: Annotated[float, typer.Option(min=0.0, max=1.0, help="Success rate.")] = 0.9,
+                        window: Annotated[int, typer.Option(min=1, help="Steps the success is averaged over.")]
+                        = 5,
+                        order: Annotated[str, typer.Option(help="Which runs, in order: in-process,pipeline "
+                                                                "(either alone: its figures only).")]
+                        = "in-process,pipeline") -> None:
+    """Time to a success rate: the pipeline (rollart run) against an in-process generate-then-train loop."""
+    from rollart.bench.time_to_quality import bench_time_to_quality
+
+    try:
+        result = run_benchmark(config, out, bench_time_to_quality,
+                               ["mode", "seconds_to_target", "steps_to_target", "seconds_per_step",
+                                "first_step_s", "success_last_steps", "train_s_mean", "wait_s_mean"],
+                               f"pipeline time over in-process time to {target:.0%} success", job_yaml=config,
+                               steps=steps, target=target, window=window,
+                               order=tuple(m.strip() for m in order.split(",") if m.strip()))
+    except ValueError as exc:  # --order names an unknown run (checked before anything starts)
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if "measured_on" in result:
+        console.print(f"measured on: {result['measured_on']}")
+
+
+@bench_app.command("goodput")
+def goodput_cmd(config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML "
+                                                               "(default: the chaos job).")] = None,
+                out: OutOption = None, steps: Annotated[int, typer.Option(min=2)] = 20,
+                rates: Annotated[str, typer.Option(help="Per-step env failure rates.")] = "0.01,0.05,0.1",
+                broker: BrokerOption = None) -> None:
+    """Trained per minute as env steps fail at each rate, beside the fault-free run (goodput ratio)."""
+    from rollart.bench.goodput import bench_goodput
+
+    run_benchmark(config, out, bench_goodput,
+                  ["env_failure_rate", "steps", "trained_per_min", "goodput_ratio", "replacements", "aborted",
+                   "lost", "trained_twice", "longest_stall_s", "audit_holds"],
+                  "goodput ratio at the highest failure rate", job_yaml=config, steps=steps,
+                  rates=tuple(float(r) for r in rates.split(",") if r.strip()))
+
+
+@bench_app.command("eval-cost")
+def eval_cost_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job, without eval: (an "
+                                                       "eval pool and held-out copies of its tags are added).")]
+                  = Path("configs/demo.yaml"), out: OutOption = None, steps: int = 20, warmup: int = 2,
+                  every: Annotated[int, typer.Option(min=1, help="eval.every_versions of the eval run.")] = 5,
+                  tasks: Annotated[int, typer.Option(min=1, help="Eval tasks per tag.")] = 16) -> None:
+    """Training throughput with held-out evaluation running beside it, against the same job without."""
+    from rollart.bench.eval_cost import bench_eval_cost
+
+    run_benchmark(config, out, bench_eval_cost,
+                  ["mode", "trajectories_per_s", "step_s", "wait_s_mean", "train_s_mean", "eval_versions",
+                   "eval_s_mean", "eval_success_last", "throughput_vs_no_eval"],
+                  "training throughput with eval over without", job_yaml=config, steps=steps, warmup=warmup,
+                  every=every, tasks=tasks)
+
+
+@bench_app.command("async")
+def async_cmd(config: ConfigOption = None, out: OutOption = None, steps: int = 10, warmup: int = 2,
+              modes: Annotated[str, typer.Option(help="Comma-separated subset of sync,one-off,alpha=1,alpha=2.")]
+              = "sync,one-off,alpha=1,alpha=2", broker: BrokerOption = None) -> None:
+    """Training throughput: sync (alpha 0), one-off, alpha 1 and 2; generation and trainer on separate CPUs."""
+    from rollart.bench.async_modes import bench_async
+
+    run_benchmark(config, out, bench_async,
+                  ["mode", "trajectories_per_s", "tokens_per_s", "step_s", "wait_s_mean", "train_s_mean",
+                   "staleness_max", "speedup_vs_sync"],
+                  "best asynchronous mode over sync (trajectories/s)", job_yaml=config, steps=steps,
+                  warmup=warmup, modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
