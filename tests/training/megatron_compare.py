@@ -20,27 +20,16 @@ if DEVICE == "cpu":
 def main(model_dir: str) -> None:
     from megatron.core import tensor_parallel
 
-    from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
-    from rollart.messages.samples import sample_trajectory
+    from megatron_batch import eight_trajectories
+
     from rollart.training.algorithms import PolicyLossConfig
     from rollart.training.megatron_backend import MegatronBackend, init_parallel_state
-    from rollart.training.torch_backend import TorchBackend, collate, token_logprobs
+    from rollart.training.torch_backend import TorchBackend, token_logprobs
 
     init_parallel_state("gloo" if DEVICE == "cpu" else "nccl", port=29577)
     if DEVICE == "cpu":
         tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    torch.manual_seed(0)
-    samples = []
-    for i in range(8):
-        n = 20 + i
-        t = sample_trajectory(f"g{i // 4}-t{i}", n_prompt=12, n_gen=n - 12)
-        from dataclasses import replace
-
-        t = replace(t, group_id=f"g{i // 4}", token_ids=Int32Array(torch.randint(3, 400, (n,)).tolist()),
-                    loss_mask=UInt8Array([0] * 12 + [1] * (n - 12)), logprobs=Float32Array([-1.0] * n),
-                    versions=Int32Array([0] * n))
-        samples.append(ScoredTrajectory(trajectory=t, reward=float(i % 4)))
-    batch = collate(samples, pad_id=0)
+    batch = eight_trajectories()
     if DEVICE != "cpu":
         batch = type(batch)(*(x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in vars(batch).values()))
     loss = PolicyLossConfig(decoupled=True)

@@ -16,27 +16,9 @@ import torch
 torch.cuda.current_device = lambda: "cpu"
 
 
-def batch():
-    from dataclasses import replace
-
-    from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
-    from rollart.messages.samples import sample_trajectory
-    from rollart.training.torch_backend import collate
-
-    torch.manual_seed(0)
-    samples = []
-    for i in range(8):
-        n = 20 + i
-        t = sample_trajectory(f"g{i // 4}-t{i}", n_prompt=12, n_gen=n - 12)
-        t = replace(t, group_id=f"g{i // 4}", token_ids=Int32Array(torch.randint(3, 400, (n,)).tolist()),
-                    loss_mask=UInt8Array([0] * 12 + [1] * (n - 12)), logprobs=Float32Array([-1.0] * n),
-                    versions=Int32Array([0] * n))
-        samples.append(ScoredTrajectory(trajectory=t, reward=float(i % 4)))
-    return collate(samples, pad_id=0)
-
-
 def main(model_dir: str) -> None:
     from megatron.core import tensor_parallel
+    from megatron_batch import eight_trajectories
 
     from rollart.config import build_config
     from rollart.stages.trainer import build_backend, loss_config
@@ -55,7 +37,7 @@ def main(model_dir: str) -> None:
     from megatron.core import parallel_state
 
     dp_size = parallel_state.get_data_parallel_world_size()
-    b = batch()
+    b = eight_trajectories()
     m_mg = mg.train_step(b)
     exported = mg.state_dict()
     mg.close()
