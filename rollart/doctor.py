@@ -162,7 +162,10 @@ class Doctor:
 
 def broker_info(endpoints: Endpoints) -> dict[str, str | None]:
     """Which broker serves the endpoints: the local stack knows its kind and version; of a configured
-    broker only the kind it is configured as is known (Kafka's protocol does not carry a version)."""
+    broker only the kind it is configured as is known (Kafka's protocol does not carry a version), and
+    the local stack's state file is not read for it."""
+    if endpoints.source == "config":
+        return {"kind": endpoints.broker, "version": None}
     state = StackState.read()
     if state is not None and state.alive() and state.kafka_bootstrap == endpoints.kafka_bootstrap:
         return {"kind": state.broker_kind, "version": state.broker_version}

@@ -1,4 +1,5 @@
-"""Where the broker and Redis are: configuration/environment first, then the running local stack."""
+"""Where the broker and Redis are: configuration/environment first, then the local stack `rollart local up`
+recorded (read only for what is not configured)."""
 
 from __future__ import annotations
 
@@ -28,16 +29,15 @@ class Endpoints:
 
 
 def resolve_endpoints(config: RollartConfig) -> Endpoints:
+    """The configured endpoints (config or ``ROLLART_*`` environment) as they are, the broker's kind
+    and the Mooncake store included; only what is not configured comes from the stack `rollart local
+    up` recorded, and its state file is read only then (a stale one never overrides a configured
+    endpoint). A stage process of a local run gets every endpoint in its environment
+    (:mod:`rollart.local.processes`), so it never reads the file either."""
     bootstrap, redis_url = config.kafka.bootstrap, config.redis.url
     master, metadata = config.mooncake.master, config.mooncake.metadata_server
     if bootstrap and redis_url:
-        broker = config.kafka.broker
-        state = StackState.read()
-        if state is not None and state.alive() and state.kafka_bootstrap == bootstrap:
-            broker = state.broker_kind  # the local stack's broker, named in config: it knows which
-            if not (master and metadata):  # the local stack may still hold the Mooncake store
-                master, metadata = state.mooncake_master, state.mooncake_metadata
-        return Endpoints(bootstrap, redis_url, "config", master, metadata, broker,
+        return Endpoints(bootstrap, redis_url, "config", master, metadata, config.kafka.broker,
                          redis_client_kwargs(config.redis, redis_url))
     state = StackState.read()
     if state is not None and not state.alive():

@@ -22,7 +22,8 @@ import yaml
 
 from rollart.bench.session import bench_session
 from rollart.config import RollartConfig
-from rollart.local.stack import die_with_parent, free_port, on_lasting_thread
+from rollart.local.children import die_with_parent, on_lasting_thread
+from rollart.local.stack import free_port
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -137,7 +137,7 @@ async def bench_serverless_reward(config: RollartConfig, work_dir: Path, *, burs
                                   cold_start_s: float = 0.25) -> dict[str, Any]:
     from rollart.models.tiny import ensure_model
     from rollart.rollout.chat import ChatFormat
-    from rollart.rollout.runner import job_endpoints
+    from rollart.local.endpoints import job_endpoints
 
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     with job_endpoints(config, work_dir / "stack") as endpoints:

@@ -68,7 +68,7 @@ async def bench_session(config: RollartConfig, work_dir: Path, *, max_concurrenc
     from rollart.engines.vllm_engine import VLLMEngine
     from rollart.models.tiny import ensure_model
     from rollart.rollout.chat import ChatFormat
-    from rollart.rollout.runner import job_endpoints
+    from rollart.local.endpoints import job_endpoints
 
     model_path = Path(model_path or ensure_model(config.model))
     with job_endpoints(config, work_dir / "stack", mooncake=mooncake) as endpoints:

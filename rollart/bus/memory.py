@@ -120,6 +120,11 @@ class InMemoryBroker:
     def group(self, group_id: str) -> "_Group":
         return self._groups.setdefault(group_id, _Group(self))
 
+    def committed(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata]:
+        """A group's last commits of ``tps``, read without joining it (Kafka's OffsetFetch)."""
+        group = self._groups.get(group_id)
+        return {} if group is None else {tp: group.committed[tp] for tp in tps if tp in group.committed}
+
     def consumer(self, group_id: str, *, client_id: str = "memory") -> "MemoryGroupConsumer":
         return MemoryGroupConsumer(self, group_id, client_id)
 

@@ -1,5 +1,6 @@
 """Read a topic outside any consumer group: to its current end (:func:`read_to_end`), or on and on
-(:func:`tail`).
+(:func:`tail`); look up where partitions end and where a group committed, without joining it
+(:func:`end_offsets`, :func:`committed_offsets`: consumer-group lag).
 
 Used to rebuild caches from the log (the policy version from ``policy.versions``), by replay, and by
 every member that must see every announcement (weight followers). It never commits and never joins a
@@ -223,3 +224,57 @@ async def _tail_memory(endpoints: Endpoints, physical_topic: str, start: ReadSta
                 yield record
         if not found:
             await broker.wait_for_change(poll_ms / 1000)
+
+
+async def end_offsets(config: RollartConfig, endpoints: Endpoints, tps: list[TopicPartition], *,
+                      client_id: str) -> dict[TopicPartition, int]:
+    """The end (the next record's offset) of each of ``tps`` that exists (a partition of a topic that
+    does not exist has no entry): the broker's ListOffsets (latest), as Kafka's own
+    ``kafka-consumer-groups --describe`` takes it; on Tansu, whose ListOffsets undercounts, the high
+    watermark of a fetch; on the in-memory broker, its log."""
+    if endpoints.broker == "memory":
+        broker = InMemoryBroker.at(endpoints.kafka_bootstrap)
+        return {tp: broker.end(tp) for tp in tps if tp in broker.partitions(tp.topic)}
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, fetch_max_wait_ms=10, max_partition_fetch_bytes=1024,
+                                client_id=client_id, **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap))
+    await consumer.start()
+    try:
+        found = await partitions_of(consumer, sorted({tp.topic for tp in tps}))
+        existing = {tp for partitions in found.values() for tp in partitions}
+        tps = [tp for tp in tps if tp in existing]
+        if endpoints.broker != "tansu":
+            return await consumer.end_offsets(tps) if tps else {}
+        return await _tansu_ends(consumer, tps)
+    finally:
+        await consumer.stop()
+
+
+async def _tansu_ends(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, 0)
+    ends: dict[TopicPartition, int] = {}
+    for _ in range(50):
+        await consumer.getmany(timeout_ms=100)
+        for tp in tps:
+            if tp not in ends and consumer.highwater(tp) is not None:
+                ends[tp] = consumer.highwater(tp)
+        if len(ends) == len(tps):
+            break
+    return {tp: ends.get(tp, 0) for tp in tps}
+
+
+async def committed_offsets(config: RollartConfig, endpoints: Endpoints, group_id: str, tps: list[TopicPartition], *,
+                            client_id: str) -> dict[TopicPartition, int | None]:
+    """``group_id``'s committed offset of each of ``tps`` (None: it never committed there), from an
+    OffsetFetch: the group is not joined, so nothing rebalances."""
+    if endpoints.broker == "memory":
+        found = InMemoryBroker.at(endpoints.kafka_bootstrap).committed(group_id, tps)
+        return {tp: found[tp].offset if tp in found else None for tp in tps}
+    consumer = AIOKafkaConsumer(group_id=group_id, enable_auto_commit=False, client_id=client_id,
+                                **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap))
+    await consumer.start()
+    try:
+        return {tp: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()

@@ -195,7 +195,7 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
                     seed: int = 0, schedule: list[str] | None = None, baseline_steps: int = 0,
                     stall_limit_s: float = 300.0, env_failure_rate: float = 0.01) -> dict[str, Any]:
     from rollart.job.run import RunOptions, run_job
-    from rollart.rollout.runner import job_endpoints
+    from rollart.local.endpoints import job_endpoints
     from rollart.training.checkpoint import CheckpointStore
 
     check_faults(faults, schedule)

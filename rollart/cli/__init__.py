@@ -365,7 +365,7 @@ def rollout_cmd(config_path: Annotated[Path, typer.Argument(help="Job config YAM
                                                           "ACLs: each stage logs in as its own user.")] = False,
                 ) -> None:
     """Start the stack and every stage as processes; collect N scored trajectories; write summary.json."""
-    from rollart.rollout.runner import rollout
+    from rollart.job.rollout import rollout
 
     cfg = _config(config_path)
     try:

@@ -1,1 +1,2 @@
-"""The main job: ``rollart run`` (all stages as processes, supervised) and its report."""
+"""The jobs run on this machine: ``rollart run`` (all stages as supervised processes, ``run.py``) and
+its report, ``rollart rollout`` (``rollout.py``), ``rollart scale``; their machinery is :mod:`rollart.local`."""

@@ -4,8 +4,9 @@ The local stack (broker, Redis, Mooncake store) is started for the run unless en
 configured; the job gets a fresh name (its topics and state never mix with an earlier run's);
 generation consumers, env consumers, the reward stage, the trainer, the eval stage (with ``eval:``)
 and the feeder start as processes. The runner supervises them as Kubernetes would: a stage that dies is restarted (the
-trainer with ``--resume``, from its last checkpoint). A monitor counts completed and aborted
-trajectories; live progress comes from the trainer's record. When the trainer has done the asked
+trainer with ``--resume``, from its last checkpoint). The run observer counts completed and aborted
+trajectories; live progress comes from the trainer's record. The machinery (the stack, the stage
+processes, their supervision, the observer) is :mod:`rollart.local`'s; this module is the job's plan. When the trainer has done the asked
 number of steps (and the last due version is evaluated), the stages are stopped and ``report.json`` /
 ``report.png`` are written.
 """
@@ -13,10 +14,8 @@ number of steps (and the last due version is evaluated), the stages are stopped 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import shutil
 import time
 import uuid
@@ -31,13 +30,14 @@ from rollart.config import ConfigError, RollartConfig
 from rollart.evaluation.tasks import eval_sources, latest_due
 from rollart.job.scale import Scaler
 from rollart.job.report import build_report, eval_record, read_evals, write_report
-from rollart.local.processes import StageProcesses
-from rollart.messages import Abort, CompletedTrajectory, Envelope
+from rollart.local.endpoints import job_endpoints, run_config
+from rollart.local.observer import RunObserver, observing
+from rollart.local.processes import StageProcesses, write_prometheus_config
+from rollart.local.supervision import shared_machine_threads, start_stages, supervise, write_pids
 from rollart.models.tiny import ensure_model
-from rollart.rollout.runner import job_endpoints, run_config
 from rollart.runtime import open_runtime
 from rollart.stages.feeder import sources_from
-from rollart.stages.registry import RUN_MONITOR, local_processes
+from rollart.stages.registry import RUN_MONITOR
 from rollart.stages.reward import check_rewards
 from rollart.stages.trainer import trainer_alpha
 from rollart.topics.admin import apply_topics
@@ -46,29 +46,6 @@ from rollart.weights.follower import loads_key
 from rollart.names import TRAJECTORIES_COMPLETED
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Monitor:
-    """Counts what the env stage reports on ``trajectories.completed`` (first copy of each id)."""
-
-    completed: set[str] = field(default_factory=set)
-    aborted: Counter = field(default_factory=Counter)
-    aborted_ids: set[str] = field(default_factory=set)
-    tokens: int = 0
-    started_at: float = 0.0  # when the stages were started (the run's clock)
-
-    async def handle(self, envelope: Envelope, ctx) -> None:
-        message = envelope.message
-        if isinstance(message, CompletedTrajectory) and message.traj_id not in self.completed:
-            self.completed.add(message.traj_id)
-            self.tokens += sum(message.loss_mask)
-        elif isinstance(message, Abort) and message.traj_id not in self.aborted_ids:
-            self.aborted_ids.add(message.traj_id)
-            self.aborted[message.reason] += 1
-
-    def summary(self) -> dict:
-        return {"completed": len(self.completed), "aborted": dict(self.aborted), "tokens": self.tokens}
 
 
 @dataclass
@@ -97,37 +74,6 @@ def _job_name(config: RollartConfig, opts: RunOptions) -> str:
     return f"{config.job}-{uuid.uuid4().hex[:6]}"
 
 
-def start_stages(procs: StageProcesses, cfg: RollartConfig, opts: RunOptions) -> None:
-    members = {"generation": opts.gen_members, "env": opts.env_members}
-    for name, argv in local_processes(cfg, training=True, members=members, resume=opts.resume):
-        procs.start(name, *argv)
-
-
-def supervise(procs: StageProcesses, restarts: Counter, opts: RunOptions) -> None:
-    """Restart stages that died (the trainer from its checkpoint); give up after max_restarts."""
-    for name in procs.failed():
-        if restarts[name] >= opts.max_restarts:
-            raise RuntimeError(f"stage {name} failed {restarts[name] + 1} times; last log lines:\n" + procs.tail(name))
-        restarts[name] += 1
-        process = procs.stages[name]
-        argv = process.argv[process.argv.index("consume") + 1:]
-        argv = [a for a in argv if a not in ("--config", str(procs.config_path))]
-        if name == "trainer" and "--resume" not in argv:
-            argv.append("--resume")
-        procs.start(name, *argv)
-
-
-def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
-    """The CPU plan of a run whose stages share one machine: the trainer gets half the cores for
-    torch's intra-op threads unless ``trainer.torch_threads`` says otherwise (the engine's worker
-    binds its own OpenMP threads and torch on every core competes with it: on 2 cores a 40-step demo
-    trained its steps in 2.0-2.1 s with 1 thread against 2.7-2.8 s with 2; over 150 steps the two
-    means were the same, within this machine's noise; see the README's CPU plan)."""
-    if config.trainer.torch_threads is not None:
-        return {}
-    return {"ROLLART_TRAINER_TORCH_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
-
-
 async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) -> dict:
     alpha = trainer_alpha(config)
     check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag, not in a stage
@@ -143,7 +89,7 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
     (out / "run.json").write_text(json.dumps({"job": job, "config": str(config_path), "steps": opts.steps,
                                               "alpha": alpha, "started_at": time.time()}))
     await asyncio.to_thread(ensure_model, config.model)  # once (with its warm start), before the stages race
-    monitor, restarts = Monitor(), Counter()
+    monitor, restarts = RunObserver(), Counter()
     try:
         loads = await _run_on_stack(config_path, config, job, opts, checkpoints, monitor, restarts)
     except BaseException:  # Ctrl-C, SIGTERM or a failure, the stack down by now: a report of what was trained
@@ -157,7 +103,7 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
 
 
 async def _run_on_stack(config_path: Path, config: RollartConfig, job: str, opts: RunOptions,
-                        checkpoints: CheckpointStore, monitor: "Monitor", restarts: Counter) -> list[dict]:
+                        checkpoints: CheckpointStore, monitor: RunObserver, restarts: Counter) -> list[dict]:
     """The stack and every stage, followed until the steps are trained, then stopped; the weight loads."""
     with job_endpoints(config, opts.out / "stack", mooncake=None) as endpoints:
         cfg = run_config(config, endpoints, job)
@@ -171,14 +117,15 @@ async def _run_on_stack(config_path: Path, config: RollartConfig, job: str, opts
         }, metrics_targets=write_prometheus_config(opts.out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity))
         monitor.started_at = time.time()
         try:
-            start_stages(procs, cfg, opts)
+            start_stages(procs, cfg, {"generation": opts.gen_members, "env": opts.env_members}, training=True,
+                         resume=opts.resume)
             await _follow(cfg, procs, monitor, checkpoints, restarts, opts)
         finally:
             procs.stop_all()
         return await _weight_loads(cfg)
 
 
-def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore, monitor: "Monitor",
+def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore, monitor: RunObserver,
                               restarts: Counter, out: Path) -> None:
     """The report of an interrupted run (no weight-load figures: the stack is going down); a failure
     to write it is logged, never raised over the interruption itself."""
@@ -192,41 +139,33 @@ def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore
         log.exception("could not write the interrupted run's report to %s", out)
 
 
-async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: Monitor, checkpoints: CheckpointStore,
+async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: RunObserver, checkpoints: CheckpointStore,
                   restarts: Counter, opts: RunOptions) -> None:
-    async with open_runtime(cfg, client_id=RUN_MONITOR, serve=False) as rt:
-        loop = rt.consumer_loop(RUN_MONITOR, [TRAJECTORIES_COMPLETED], monitor.handle, ordering="none",
-                                dedup=False)
-        runner = asyncio.create_task(loop.run())
+    async with observing(cfg, monitor, RUN_MONITOR, [TRAJECTORIES_COMPLETED], required=False) as rt:
         deadline = time.monotonic() + opts.timeout_s
         shown, streaming_since = 0, None
         scaler = Scaler(cfg, procs)
-        try:
-            while True:
-                rows = [r for r in checkpoints.read_record() if "event" not in r]
-                for row in rows[shown:]:
-                    if opts.progress is not None:
-                        opts.progress({**row, "target": opts.steps, **monitor.summary()})
-                shown = len(rows)
-                trainer = procs.stages["trainer"]
-                if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
-                    await _last_evaluation(cfg, opts, procs, restarts)
-                    return
-                if shown and streaming_since is None:
-                    streaming_since = time.monotonic()
-                if opts.duration_s is not None and streaming_since is not None \
-                        and time.monotonic() - streaming_since > opts.duration_s:
-                    return
-                await _scale(scaler, rt.redis, opts.out / "retired.json")
-                supervise(procs, restarts, opts)
-                _write_pids(procs, opts.out / "pids.json")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{shown} of {opts.steps} steps in {opts.timeout_s:.0f}s")
-                await asyncio.sleep(0.5)
-        finally:
-            loop.stop()
-            with contextlib.suppress(Exception):
-                await runner
+        while True:
+            rows = [r for r in checkpoints.read_record() if "event" not in r]
+            for row in rows[shown:]:
+                if opts.progress is not None:
+                    opts.progress({**row, "target": opts.steps, **monitor.summary()})
+            shown = len(rows)
+            trainer = procs.stages["trainer"]
+            if not trainer.alive() and trainer.proc.returncode == 0 and shown >= opts.steps:
+                await _last_evaluation(cfg, opts, procs, restarts)
+                return
+            if shown and streaming_since is None:
+                streaming_since = time.monotonic()
+            if opts.duration_s is not None and streaming_since is not None \
+                    and time.monotonic() - streaming_since > opts.duration_s:
+                return
+            await _scale(scaler, rt.redis, opts.out / "retired.json")
+            supervise(procs, restarts, opts.max_restarts)
+            write_pids(procs, opts.out / "pids.json")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{shown} of {opts.steps} steps in {opts.timeout_s:.0f}s")
+            await asyncio.sleep(0.5)
 
 
 async def _last_evaluation(cfg: RollartConfig, opts: RunOptions, procs: StageProcesses, restarts: Counter) -> None:
@@ -238,20 +177,9 @@ async def _last_evaluation(cfg: RollartConfig, opts: RunOptions, procs: StagePro
     while last is not None and time.monotonic() < deadline:
         if any(row["version"] >= last for row in read_evals(opts.out)):
             return
-        supervise(procs, restarts, opts)
+        supervise(procs, restarts, opts.max_restarts)
         await asyncio.sleep(0.5)
     log.warning("the evaluation of version %s was not over %.0fs after the last step", last, cfg.eval.timeout_s)
-
-
-def write_prometheus_config(directory: Path, scrape_interval_s: float = 5.0) -> Path:
-    """``prometheus.yml`` scraping every stage of the run (``prometheus --config.file DIR/prometheus.yml``);
-    returns the targets file the stage runner keeps current."""
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {"global": {"scrape_interval": f"{scrape_interval_s:g}s", "evaluation_interval": f"{scrape_interval_s:g}s"},
-              "scrape_configs": [{"job_name": "rollart", "honor_labels": True,  # keep our `job` label
-                                  "file_sd_configs": [{"files": ["targets.json"], "refresh_interval": "5s"}]}]}
-    (directory / "prometheus.yml").write_text(json.dumps(config, indent=1))  # JSON is YAML
-    return directory / "targets.json"
 
 
 async def _scale(scaler: Scaler, redis, retired_file: Path) -> None:
@@ -264,14 +192,6 @@ async def _scale(scaler: Scaler, redis, retired_file: Path) -> None:
         log.warning("scale requests unreadable (%s); keeping the members as they are", exc)
     if len(scaler.retired) != known:
         retired_file.write_text(json.dumps(scaler.retired))
-
-
-def _write_pids(procs: StageProcesses, path: Path) -> None:
-    """Which process is which stage (for operators, and for tests that kill one)."""
-    pids = {name: p.proc.pid for name, p in procs.stages.items() if p.alive()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(pids))
-    tmp.replace(path)
 
 
 async def _weight_loads(cfg: RollartConfig) -> list[dict]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.endpoints import Endpoints
-from rollart.local.stack import die_with_parent, on_lasting_thread
+from rollart.local.children import die_with_parent, on_lasting_thread
 
 
 def _in_child(cpus: tuple[int, ...] | None, parent: int) -> None:
@@ -176,3 +176,14 @@ class StageProcesses:
             return "\n".join(self.stages[name].log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def write_prometheus_config(directory: Path, scrape_interval_s: float = 5.0) -> Path:
+    """``prometheus.yml`` scraping every stage of the run (``prometheus --config.file DIR/prometheus.yml``);
+    returns the targets file the stage runner keeps current (``StageProcesses.metrics_targets``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"global": {"scrape_interval": f"{scrape_interval_s:g}s", "evaluation_interval": f"{scrape_interval_s:g}s"},
+              "scrape_configs": [{"job_name": "rollart", "honor_labels": True,  # keep our `job` label
+                                  "file_sd_configs": [{"files": ["targets.json"], "refresh_interval": "5s"}]}]}
+    (directory / "prometheus.yml").write_text(json.dumps(config, indent=1))  # JSON is YAML
+    return directory / "targets.json"

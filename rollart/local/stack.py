@@ -19,20 +19,18 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
                                    kafka_libs, kafka_version, tansu_binary, tansu_version)
+from rollart.local.children import die_with_parent, on_lasting_thread
 from rollart.local.security import LocalSecurity
 from rollart.local.state import STATE_FILE, StackState, pid_alive, rollart_home, state_path  # noqa: F401 - re-exported
 
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
 STACK_ENV = "ROLLART_STACK"  # in each service's environment: its stack's log folder
-T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -82,48 +80,6 @@ def _wait_until(ready, proc: subprocess.Popen, name: str, log: Path, timeout: fl
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"{name} did not {what} within {timeout:.0f}s; see {log}")
-
-
-def _libc_prctl():
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the reaper (reap_stale) is the only guard
-        return None
-
-
-_PRCTL = _libc_prctl()  # looked up here: a forked child of a threaded parent must not dlopen
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
-    """In a child between fork and exec: have the kernel send ``sig`` when the thread that forked it
-    exits. The setting survives exec (not of a set-uid binary). ``parent``: the forking process's
-    pid; if it died before the prctl, the signal would never come, so leave now."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, int(sig))
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)
-
-
-_spawner: ThreadPoolExecutor | None = None
-_spawner_lock = threading.Lock()
-
-
-def on_lasting_thread(fork: Callable[[], T]) -> T:
-    """Call ``fork`` (it starts a child that dies with its parent) on a thread that lives as long as
-    this process. PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the
-    process: a broker restarted from asyncio.to_thread's worker (the chaos driver does) would die
-    with that worker. The main thread lasts; any other caller hands the fork to one spawner thread,
-    which runs until the interpreter exits."""
-    global _spawner
-    if threading.current_thread() is threading.main_thread():
-        return fork()
-    with _spawner_lock:
-        if _spawner is None:
-            _spawner = ThreadPoolExecutor(1, thread_name_prefix="rollart-spawner")
-    return _spawner.submit(fork).result()
 
 
 def _spawn(argv: list[str], log: Path, detached: bool = False) -> subprocess.Popen:

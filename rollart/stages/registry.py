@@ -78,9 +78,11 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
 )}
 
 
-# Consumer groups of the local runners (`rollart run` watches trajectories.completed), not of a stage.
+# Consumer groups of the local runners' observer (rollart.local.observer), not of a stage: `rollart run`
+# watches trajectories.completed, `rollart rollout` rewards.results and trajectories.completed.
 RUN_MONITOR = "run-monitor"
-OBSERVER_GROUPS = (RUN_MONITOR,)
+ROLLOUT_COLLECTOR = "rollout-collector"
+OBSERVER_GROUPS = (RUN_MONITOR, ROLLOUT_COLLECTOR)
 
 
 def stage_named(name: str) -> Stage:

@@ -234,7 +234,7 @@ def _check_children(children: list[subprocess.Popen]) -> None:
 def start_local_ranks(config, rdzv: Rendezvous, workdir: Path) -> list[subprocess.Popen]:
     """Ranks 1..N-1 as child processes of this one (the launcher), with this config; they die with
     it (call from a thread that lives as long as the process: the kernel's signal follows the thread)."""
-    from rollart.local.stack import die_with_parent
+    from rollart.local.children import die_with_parent
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "rank-config.json"
     path.write_text(config.model_dump_json())

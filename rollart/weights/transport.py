@@ -126,7 +126,7 @@ def make_transport(weights_config, endpoints) -> WeightTransport:
         return MooncakeTransport(master, metadata, local_buffer_bytes=weights_config.bucket_bytes * 2)
     root = weights_config.fs_root
     if root is None:
-        from rollart.local.stack import rollart_home
+        from rollart.local.state import rollart_home
 
         root = rollart_home() / "weights"
     return FsTransport(root)

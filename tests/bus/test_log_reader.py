@@ -1,11 +1,15 @@
-"""The log reader outside any group: read_to_end stops at the end seen at the start; tail goes on."""
+"""The log reader outside any group: read_to_end stops at the end seen at the start; tail goes on;
+where partitions end and where a group committed, read without joining it (consumer-group lag)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 
-from rollart.bus.reader import ReadStart, read_to_end, tail
+from rollart.bus.backend import OffsetAndMetadata, TopicPartition
+from rollart.bus.kafka import group_consumer
+from rollart.bus.reader import ReadStart, committed_offsets, end_offsets, read_to_end, tail
+from rollart.lag import consumer_lag
 from rollart.messages import DEFAULT_CODEC, TaskSpec
 from tests.conftest import ALL_BROKERS
 
@@ -54,3 +58,36 @@ async def test_tail_yields_the_log_then_what_arrives(runtime):
         await runtime.producer.send_and_wait("tasks", _task(i), key="one")
     await asyncio.wait_for(follower, 30)
     assert seen == [f"g{i}" for i in range(5)]
+
+
+class _Quiet:
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None: ...
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
+
+
+async def test_end_and_committed_offsets_are_read_without_joining_the_group(runtime):
+    config, endpoints, names = runtime.config, runtime.endpoints, runtime.producer.names
+    for i in range(5):
+        await runtime.producer.send_and_wait("tasks", _task(i), partition=0)
+    await runtime.producer.send_and_wait("tasks", _task(5), partition=1)
+    tp0, tp1 = TopicPartition(names.physical("tasks"), 0), TopicPartition(names.physical("tasks"), 1)
+    group = f"{config.job}.env"
+    member = group_consumer(config, endpoints, group, client_id="offsets-test", fetch_max_wait_ms=10)
+    member.subscribe([tp0.topic], _Quiet())
+    await member.start()
+    try:
+        for _ in range(300):
+            if tp0 in member.assignment():
+                break
+            await member.getmany(timeout_ms=100)
+        await member.commit({tp0: OffsetAndMetadata(3, "")})
+    finally:
+        await member.stop()
+
+    missing = TopicPartition(names.physical("no.such"), 0)
+    assert await end_offsets(config, endpoints, [tp0, tp1, missing], client_id="offsets-test") == {tp0: 5, tp1: 1}
+    assert await committed_offsets(config, endpoints, group, [tp0, tp1], client_id="offsets-test") == {
+        tp0: 3, tp1: None}
+    lag = {(r.group, r.topic, r.partition): (r.committed, r.end, r.lag) for r in await consumer_lag(config, endpoints)}
+    assert lag[("env", "tasks", 0)] == (3, 5, 2) and lag[("env", "tasks", 1)] == (None, 1, 1)

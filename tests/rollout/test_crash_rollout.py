@@ -10,9 +10,9 @@ import yaml
 
 from rollart.config import load_config
 from rollart.endpoints import Endpoints
+from rollart.local.endpoints import run_config
 from rollart.local.processes import StageProcesses
 from rollart.messages import Abort, CompletedTrajectory
-from rollart.rollout.runner import run_config
 from rollart.runtime import open_runtime
 from rollart.topics.admin import apply_topics
 from tests.conftest import RunningLoops, eventually
