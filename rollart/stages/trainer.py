@@ -426,11 +426,10 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
     if config.trainer.world_size > 1 and rdzv is None:  # the launcher: rank 0 here, the others our children
         rdzv = Rendezvous.local(config.trainer.world_size)
         children = distributed.start_local_ranks(config, rdzv, checkpoints.root / "ranks")
-    if rdzv is not None:
-        distributed.bind_local_device(rdzv)
     if rdzv is None:
         backend = await asyncio.to_thread(build_backend, config)
     else:
+        distributed.bind_local_device(rdzv)
         backend = await asyncio.to_thread(distributed.data_parallel, config, rdzv, children, build_backend)
     try:
         await _train(config, stop, backend, checkpoints, resume=resume)

@@ -33,7 +33,7 @@ import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -136,11 +136,11 @@ class RankChannel:
 
     def __init__(self, heartbeat_s: float):
         self.heartbeat_s = heartbeat_s
-        self._work: queue.Queue[tuple[tuple, Any, Future] | None] = queue.Queue()
+        self._work: queue.Queue[tuple[tuple, Callable[[], Any], Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name="trainer-ranks", daemon=True)
         self._thread.start()
 
-    def call(self, command: tuple, run: Any) -> Any:
+    def call(self, command: tuple, run: Callable[[], Any]) -> Any:
         """Send ``command`` to the other ranks, then run ``run()`` here; its result (or error)."""
         done: Future = Future()
         self._work.put((command, run, done))
@@ -151,34 +151,34 @@ class RankChannel:
         self._thread.join(timeout=30)
 
     def _serve(self) -> None:
-        failed: BaseException | None = None
+        failed: BaseException | None = None  # once the group broke, every later call fails the same way
         while True:
             try:
                 item = self._work.get(timeout=self.heartbeat_s)
             except queue.Empty:
-                if failed is None:
-                    failed = self._run(("ping",), None)
+                failed = failed or self._send(("ping",))
                 continue
             if item is None:
                 if failed is None:
-                    self._run(("stop",), None)
+                    self._send(("stop",))
                 return
             command, run, done = item
-            if failed is not None:  # the group is broken: every later call fails the same way
+            failed = failed or self._send(command)
+            if failed is not None:
                 done.set_exception(failed)
                 continue
             try:
-                _command(command)
-                done.set_result(run() if run is not None else None)
+                done.set_result(run())
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 failed = exc
                 done.set_exception(exc)
 
     @staticmethod
-    def _run(command: tuple, run: Any) -> BaseException | None:
+    def _send(command: tuple) -> BaseException | None:
+        """Send a command; the error if the ranks are gone."""
         try:
             _command(command)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - the caller decides what fails
             log.error("the trainer's ranks are gone (%s): the next step fails", exc)
             return exc
         return None
@@ -235,6 +235,7 @@ def start_local_ranks(config, rdzv: Rendezvous, workdir: Path) -> list[subproces
     """Ranks 1..N-1 as child processes of this one (the launcher), with this config; they die with
     it (call from a thread that lives as long as the process: the kernel's signal follows the thread)."""
     from rollart.local.children import die_with_parent
+
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "rank-config.json"
     path.write_text(config.model_dump_json())
@@ -289,7 +290,7 @@ def serve_rank(backend, rdzv: Rendezvous) -> int:
 
 
 def run_rank(config, rdzv: Rendezvous) -> None:
-    """A rank other than 0: build the same backend, join, serve until rank 0 says stop (or goes away,
+    """A rank other than 0: join, build the same backend, serve until rank 0 says stop (or goes away,
     which ends this rank too)."""
     from rollart.stages.trainer import build_backend
 
