@@ -152,18 +152,24 @@ class StageProcesses:
         """Stages that exited with an error (a feeder that released all its groups exits 0)."""
         return [name for name, p in self.stages.items() if p.proc is not None and p.proc.poll() not in (None, 0)]
 
-    def stop_all(self, grace_s: float = 20.0) -> dict[str, int | None]:
+    def stop_all(self, grace_s: float = 20.0, budget_s: float = 40.0,
+                 last_grace_s: float = 2.0) -> dict[str, int | None]:
         """SIGTERM each stage, the last started first (the feeder before the env stage before the
-        engines), waiting for each so upstream work drains into live downstream stages."""
+        engines), waiting for each so upstream work drains into live downstream stages. Each waits at
+        most ``grace_s``, and all together ``budget_s``: stages told to stop while they import torch
+        or load an engine take their time, and one at a time they would hold a Ctrl-C for minutes.
+        Past the budget each remaining stage gets ``last_grace_s``; then SIGKILL (nothing is lost:
+        what a stage had not committed is redelivered)."""
         for name, (process, _) in self.retiring.items():  # already leaving: its grace ends now
             self.stages.setdefault(name, process)
         self.retiring.clear()
+        deadline = time.monotonic() + budget_s
         for process in reversed(list(self.stages.values())):
             if not process.alive():
                 continue
             process.proc.send_signal(signal.SIGTERM)
             try:
-                process.proc.wait(grace_s)
+                process.proc.wait(min(grace_s, max(last_grace_s, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 process.proc.kill()
                 process.proc.wait()

@@ -114,7 +114,7 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, list[int]]:
     """Send ``sig``; returns the exit status and the processes the runner had below it."""
     below = descendants(proc.pid)
     proc.send_signal(sig)
-    return proc.wait(90), below
+    return proc.wait(150), below  # the stages share a 40 s stop budget; the broker flushes its log
 
 
 JOB = {"job": "sigtest", "pools": ["default"], "feeder": {"group_size": 2, "groups_per_batch": 1},
