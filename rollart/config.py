@@ -201,6 +201,11 @@ class GenerationConfig(Section):
     # binds the rest; "nobind"; or CPU ids such as "1" or "0-3"); None leaves the environment's
     omp_threads_bind: str | None = Field(default=None, pattern=r"^(auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$")
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    # vLLM's executor: "uni" runs the model in the engine core's own process, "mp" in a worker process
+    # of its own (vLLM forces "mp" on CPU). "auto": "uni" (on CPU, with VLLM_ENABLE_V1_MULTIPROCESSING=0,
+    # which only the CPU check reads): one process and one shared-memory hop fewer per engine step;
+    # measured on 2 cores: engine start 25 -> 17 s, one request of 8 tokens 34 -> 24 ms.
+    executor: Literal["auto", "uni", "mp"] = "auto"
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)
     # The per-turn loops (gen.requests.*, env.actions, rewards.judge): a shorter long-poll than the bus's.

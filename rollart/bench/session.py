@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from rollart.bench.harness import RolloutHarness
-from rollart.config import GenerationConfig, RollartConfig, build_config
+from rollart.config import RollartConfig, build_config
 from rollart.endpoints import Endpoints
 
 BENCH_POOL = "bench"
@@ -72,7 +72,8 @@ async def bench_session(config: RollartConfig, work_dir: Path, *, max_concurrenc
 
     model_path = Path(model_path or ensure_model(config.model))
     with job_endpoints(config, work_dir / "stack", mooncake=mooncake) as endpoints:
-        engine = VLLMEngine(model_path, GenerationConfig(max_concurrency=max_concurrency, max_model_len=2048))
+        engine = VLLMEngine(model_path, config.generation.model_copy(update={"max_concurrency": max_concurrency,
+                                                                            "max_model_len": 2048}))
         await engine.start()
         try:
             yield BenchSession(config, endpoints, engine, ChatFormat.from_pretrained(model_path), model_path)

@@ -130,6 +130,19 @@ def data_parallel_cmd(config: ConfigOption = None, out: OutOption = None,
     console.print(f"largest loss difference between the two: {result['loss_max_abs_diff']:.2e}")
 
 
+@bench_app.command("engine-executor")
+def engine_executor_cmd(config: ConfigOption = None, out: OutOption = None, concurrency: int = 64,
+                        max_tokens: int = 8, repeats: int = 3) -> None:
+    """vLLM's uni executor (rollart's default) beside its mp one: start, one request's latency, tokens/s."""
+    from rollart.bench.engine_executor import bench_engine_executor
+
+    result = run_benchmark(config, out, bench_engine_executor, ["mode", "start_s", "latency_ms", "tokens_per_s"],
+                           "one request's latency, mp over uni", concurrency=concurrency, max_tokens=max_tokens,
+                           repeats=repeats)
+    console.print(f"start, mp over uni: {result['start_ratio']:.2f}x; tokens/s at {concurrency} in flight, "
+                  f"uni over mp: {result['tokens_ratio']:.2f}x")
+
+
 @bench_app.command("pipeline-efficiency")
 def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
                  max_tokens: int = 8, repeats: int = 3,

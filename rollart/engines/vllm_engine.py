@@ -36,6 +36,9 @@ class VLLMEngine:
         os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)  # for vLLM's own processes
         if self.config.omp_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.omp_threads_bind
+        executor = "uni" if self.config.executor == "auto" else self.config.executor
+        if executor == "uni":  # else vLLM's CPU platform turns "uni" into "mp"
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
         # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
         with interruptible():
@@ -45,7 +48,7 @@ class VLLMEngine:
             args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype,
                                    max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,
                                    gpu_memory_utilization=self.config.gpu_memory_utilization,
-                                   max_num_seqs=self.config.max_concurrency,
+                                   max_num_seqs=self.config.max_concurrency, distributed_executor_backend=executor,
                                    worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
             self._engine = AsyncLLM.from_engine_args(args)
         await self._warm_up()

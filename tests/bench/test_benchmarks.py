@@ -184,3 +184,12 @@ def test_weight_sync_counts_changed_float32_weights_and_skips_deltas_that_do_not
     assert all(r["changed_fraction"] > 0.99 for r in steps)
     delta = next(r for r in steps if r["mode"] == "delta")
     assert delta["deltas"] == 0 and delta["bytes"] == delta["version_bytes"]
+
+
+async def test_engine_executor_measures_latency_alone_and_tokens_in_flight(engine):
+    """The measuring half of `rollart bench engine-executor`, on the suite's engine (the command
+    starts one engine per executor: a minute of this machine, measured by hand)."""
+    from rollart.bench.engine_executor import _measure
+
+    figures = await _measure(engine, concurrency=4, max_tokens=3, repeats=1)
+    assert figures["latency_ms"] > 0 and figures["tokens_per_s"] > 0
