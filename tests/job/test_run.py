@@ -32,7 +32,12 @@ def test_demo_config_learns(tmp_path):
     report = finish(proc, tmp_path / "demo")
     rewards = [s["reward_mean"] for s in report["steps"]]
     first, last = sum(rewards[:8]) / 8, sum(rewards[-10:]) / 10
-    assert last > first + 0.03, f"reward did not rise: first steps {first:.3f}, last steps {last:.3f}"
+    # On failure, what tells a training collapse (grad norm) from engine weights that are not the
+    # trainer's (importance weights far from 1) apart:
+    trace = [(row["step"], round(row["reward_mean"], 2), round(row["metrics"].get("grad_norm", 0), 3),
+              round(row["metrics"].get("importance_weight_mean", 0), 3)) for row in trained_steps(tmp_path / "demo")]
+    assert last > first + 0.03, f"reward did not rise: first steps {first:.3f}, last steps {last:.3f}; " \
+                                f"(step, reward, grad norm, importance weight): {trace}"
     assert report["staleness_max"] <= 1 and report["trained_duplicates"] == 0
     threads = max(1, (os.cpu_count() or 2) // 2)
     assert f"torch intra-op threads: {threads}" in (tmp_path / "demo" / "logs" / "trainer.log").read_text(), \
