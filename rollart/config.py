@@ -201,10 +201,10 @@ class GenerationConfig(Section):
     # binds the rest; "nobind"; or CPU ids such as "1" or "0-3"); None leaves the environment's
     omp_threads_bind: str | None = Field(default=None, pattern=r"^(auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$")
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
-    # vLLM's executor: "uni" runs the model in the engine core's own process, "mp" in a worker process
-    # of its own (vLLM forces "mp" on CPU). "auto": "uni" (on CPU, with VLLM_ENABLE_V1_MULTIPROCESSING=0,
-    # which only the CPU check reads): one process and one shared-memory hop fewer per engine step;
-    # measured on 2 cores: engine start 25 -> 17 s, one request of 8 tokens 34 -> 24 ms.
+    # vLLM's executor. "auto": vLLM's choice (on CPU "mp": a worker process below the engine core, each
+    # step handed over through a shared-memory queue; on one GPU "uni"). "uni" runs the model in the
+    # engine core's own process: on 2 cores it starts ~10 s sooner and answers one request 1.5x sooner
+    # but the engine then uses one core, and a demo run's steps took 8-12% longer (README, CPU plan).
     executor: Literal["auto", "uni", "mp"] = "auto"
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)

@@ -20,6 +20,21 @@ from rollart.messages import Float32Array, GenerationRequest, GenerationResult, 
 log = logging.getLogger(__name__)
 
 
+_UNI_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+_uni_env_set = False  # whether an engine of this process set it (an "auto" engine after it must not inherit it)
+
+
+def _multiprocessing_env(executor: str | None) -> None:
+    """vLLM's CPU platform turns a "uni" executor into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING is 0
+    (AsyncLLM keeps its engine core process either way; only that check and the sync LLMEngine read it)."""
+    global _uni_env_set
+    if executor == "uni":
+        os.environ[_UNI_ENV], _uni_env_set = "0", True
+    elif _uni_env_set:
+        os.environ.pop(_UNI_ENV, None)
+        _uni_env_set = False
+
+
 class VLLMEngine:
     def __init__(self, model_path: str | Path, config: GenerationConfig):
         self.model_path = str(model_path)
@@ -36,9 +51,8 @@ class VLLMEngine:
         os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)  # for vLLM's own processes
         if self.config.omp_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.omp_threads_bind
-        executor = "uni" if self.config.executor == "auto" else self.config.executor
-        if executor == "uni":  # else vLLM's CPU platform turns "uni" into "mp"
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        executor = None if self.config.executor == "auto" else self.config.executor
+        _multiprocessing_env(executor)
         # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
         # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
         with interruptible():

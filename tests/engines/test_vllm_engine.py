@@ -1,22 +1,53 @@
-"""The vLLM engine's process layout on CPU: the model runs in the engine core's own process."""
+"""The vLLM engine's process layout on CPU per ``generation.executor``."""
 
 from __future__ import annotations
 
+import os
+
 import psutil
+import pytest
+
+from rollart.config import GenerationConfig
+from rollart.messages import GenerationRequest, Int32Array, SamplingParams
 
 
-async def test_the_default_executor_runs_the_model_in_the_engine_core(engine):
-    """``generation.executor: auto`` is vLLM's uni executor even on CPU, where vLLM would otherwise
-    start a worker process (a "VLLM::Worker") below the engine core and pass every step to it through
-    a shared-memory queue."""
-    from rollart.messages import GenerationRequest, Int32Array, SamplingParams
+def _engine_cores(exclude: set[int] = frozenset()) -> list[psutil.Process]:
+    return [p for p in psutil.Process().children() if "EngineCore" in p.name() and p.pid not in exclude]
 
-    assert engine.config.executor == "auto"
-    cores = [p for p in psutil.Process().children() if "EngineCore" in p.name()]
-    assert cores, [p.name() for p in psutil.Process().children()]
-    for core in cores:
-        assert not [c.name() for c in core.children() if c.name().startswith("VLLM")]
+
+def _workers(core: psutil.Process) -> list[str]:
+    return [c.name() for c in core.children() if c.name().startswith("VLLM")]
+
+
+async def _generates(engine) -> None:
     result = await engine.generate(GenerationRequest(
         traj_id="t", turn=0, group_id="g", tag="x", pool="default", prompt_ids=Int32Array([1, 2, 3]),
         reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=3)))
     assert len(result.token_ids) == 3 and len(result.logprobs) == 3
+
+
+async def test_uni_runs_the_model_in_the_engine_core(engine):
+    """The suite's engine (``executor: uni``): no worker process below the engine core, although vLLM's
+    CPU platform would turn "uni" into "mp" without VLLM_ENABLE_V1_MULTIPROCESSING=0."""
+    assert engine.config.executor == "uni"
+    cores = _engine_cores()
+    assert cores and all(not _workers(core) for core in cores), [_workers(c) for c in cores]
+    await _generates(engine)
+
+
+@pytest.mark.timeout(300)
+async def test_auto_after_a_uni_engine_is_vllms_own_choice(engine, tiny_model):
+    """An "auto" engine started in a process whose uni engine set the variable is still vLLM's CPU
+    default: a "VLLM::Worker" process below its engine core."""
+    from rollart.engines.vllm_engine import VLLMEngine
+
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # the suite's uni engine set it
+    before = {p.pid for p in _engine_cores()}
+    auto = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=4, max_model_len=256))
+    await auto.start()
+    try:
+        (core,) = _engine_cores(before)
+        assert len(_workers(core)) == 1, _workers(core)
+        await _generates(auto)
+    finally:
+        auto.shutdown()

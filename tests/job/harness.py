@@ -36,7 +36,7 @@ def small_job(endpoints, tiny_model, **overrides) -> dict:
         "kafka": {"bootstrap": endpoints.kafka_bootstrap}, "redis": {"url": endpoints.redis_url},
         "mooncake": {"master": endpoints.mooncake_master, "metadata_server": endpoints.mooncake_metadata},
         "model": {"path": str(tiny_model)},
-        "generation": {"max_concurrency": 32, "max_model_len": 1024},
+        "generation": {"max_concurrency": 32, "max_model_len": 1024, "executor": "uni"},  # starts sooner
         "feeder": {"group_size": 4, "groups_per_batch": 2, "alpha": 1},
         "env": {"max_groups": 4, "sampling": {"temperature": 1.0, "max_tokens": 2}},
         "trainer": {"micro_batch": 8},
