@@ -2,11 +2,11 @@
 
 The same model and engine settings, started once with each executor (``generation.executor``):
 
-* ``uni``: the model runs in the engine core's process (rollart's default, "auto");
-* ``mp``: vLLM's own CPU default, a worker process below the engine core, every engine step passed
-  to it through a shared-memory queue.
+* ``uni``: the model runs in the engine core's process;
+* ``mp``: vLLM's own CPU default (what "auto" gets there), a worker process below the engine core,
+  every engine step passed to it through a shared-memory queue.
 
-Reported for each: seconds to start the engine (construct and warm up), the mean latency of one
+Reported for each: seconds to start the engine (construct and warm up), the median latency of one
 request alone (``max_tokens`` tokens: the per-turn cost at low load) and tokens/s with
 ``concurrency`` requests in flight. Ratios are mp over uni (above 1: uni is better).
 """

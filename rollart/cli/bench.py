@@ -133,7 +133,7 @@ def data_parallel_cmd(config: ConfigOption = None, out: OutOption = None,
 @bench_app.command("engine-executor")
 def engine_executor_cmd(config: ConfigOption = None, out: OutOption = None, concurrency: int = 64,
                         max_tokens: int = 8, repeats: int = 3) -> None:
-    """vLLM's uni executor (rollart's default) beside its mp one: start, one request's latency, tokens/s."""
+    """vLLM's uni executor beside its mp one (the CPU default): start, one request's latency, tokens/s."""
     from rollart.bench.engine_executor import bench_engine_executor
 
     result = run_benchmark(config, out, bench_engine_executor, ["mode", "start_s", "latency_ms", "tokens_per_s"],
