@@ -208,6 +208,13 @@ class GenerationConfig(Section):
     executor: Literal["auto", "uni", "mp"] = "auto"
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)
+    # How a turn reaches the engine. "bus": GenerationRequest on gen.requests.<pool>, the result on
+    # env.actions. "direct": each member also serves turns on a ZeroMQ socket it advertises in the pool
+    # registry; env members send there, over the bus only what no member can take (rollart/rollout/direct.py).
+    transport: Literal["bus", "direct"] = "bus"
+    direct_bind_host: str = "127.0.0.1"  # "0.0.0.0" in a pod (deploy/ renders it with the pod's IP advertised)
+    direct_port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
+    direct_advertise_host: str | None = None  # what env members connect to; None: the bind host (or hostname)
     # The per-turn loops (gen.requests.*, env.actions, rewards.judge): a shorter long-poll than the bus's.
     # In the rollout-only benchmark 500 ms cost a third of the pipeline's tokens/s (1,027 against 1,372
     # at 5 ms and 1,452 at 100 ms); the demo's step time was the same at 100 and 500 (1.86 / 1.76 s).

@@ -92,16 +92,30 @@ class RolloutHarness:
                          what="every loop's partition assignment")
 
     async def start_pool(self, pool: str) -> None:
+        """A generation member of ``pool``: its bus loop, and its direct server under
+        ``generation.transport: direct``; in the pool registry while it runs."""
         stage = GenerationStage(self.rt, self.engine, pool, f"gen-{pool}-test")
+        direct = stage.direct_server() if self.config.generation.transport == "direct" else None
+        serving = asyncio.create_task(direct.run()) if direct is not None else None
         membership = stage.membership()
         await membership.__aenter__()
         loop = await self.loops.start(generation_loop(self.rt, stage), wait_assigned=False)
-        self.generation[pool] = (loop, membership)
+        self.generation[pool] = (loop, membership, direct, serving)
 
     async def stop_pool(self, pool: str) -> None:
-        loop, membership = self.generation.pop(pool)
+        loop, membership, direct, serving = self.generation.pop(pool)
         await self.loops.stop(loop)
+        if direct is not None:
+            direct.stop()
+            await serving
         await membership.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        """Stop every pool and loop; close the env manager's direct client."""
+        for pool in list(self.generation):
+            await self.stop_pool(pool)
+        await self.loops.stop_all()
+        await self.manager.close()
 
     async def _observe(self, envelope, ctx) -> None:
         message = envelope.message

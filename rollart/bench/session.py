@@ -55,9 +55,7 @@ class BenchSession:
             try:
                 yield harness
             finally:
-                for pool in list(harness.generation):
-                    await harness.stop_pool(pool)
-                await harness.loops.stop_all()
+                await harness.close()
 
 
 @contextlib.asynccontextmanager

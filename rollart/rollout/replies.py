@@ -91,9 +91,10 @@ class ReplyChannel:
         self._next = (self._next + 1) % len(self.owned)
         return self.owned[self._next]
 
-    async def request(self, build: Callable[[int, int], GenerationRequest]) -> GenerationResult:
+    async def request(self, build: Callable[[int, int], GenerationRequest], *,
+                      first_attempt: int = 0) -> GenerationResult:
         """Send ``build(reply_partition, attempt)`` and wait for its result (TimeoutError after timeout_s)."""
-        attempt = 0
+        attempt = first_attempt
         while True:
             request = build(await self._partition(), attempt)
             key = (request.traj_id, request.episode, request.turn, request.attempt)

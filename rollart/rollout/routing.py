@@ -13,6 +13,7 @@ import time
 from prometheus_client import Counter
 
 from rollart.config import RollartConfig
+from rollart.rollout.direct import DIRECT_INFO_KEY
 from rollart.state import PoolRegistry
 
 FALLBACKS = Counter("rollart_env_pool_fallbacks_total",
@@ -34,14 +35,25 @@ class PoolRouter:
         self.config = config
         self.registry = registry
         self._live: dict[str, bool] = {}
+        self._direct: dict[str, list[str]] = {}  # pool -> its live members' direct addresses
         self._checked = 0.0
 
     async def _refresh(self) -> None:
         if time.monotonic() - self._checked < self.config.routing.live_check_interval_s:
             return
-        live = await self.registry.live_pools(self.config.pools)
-        self._live = {pool: bool(members) for pool, members in live.items()}
+        if self.config.generation.transport == "direct":
+            infos = {pool: await self.registry.live_infos(pool) for pool in self.config.pools}
+            self._live = {pool: bool(members) for pool, members in infos.items()}
+            self._direct = {pool: sorted(info[DIRECT_INFO_KEY] for info in members.values() if DIRECT_INFO_KEY in info)
+                            for pool, members in infos.items()}
+        else:
+            live = await self.registry.live_pools(self.config.pools)
+            self._live = {pool: bool(members) for pool, members in live.items()}
         self._checked = time.monotonic()
+
+    def direct_addresses(self, pool: str) -> list[str]:
+        """The direct addresses the pool's live members advertised (at the last refresh)."""
+        return self._direct.get(pool, [])
 
     async def pool_for(self, tag: str, *, wait_s: float = 0.0, evaluation: bool = False) -> str:
         """The tag's pool if it has live members, else a live pool (counted as a fallback). When no

@@ -36,6 +36,7 @@ from rollart.envs import FaultyEnv, make_env
 from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, GroupEnded, \
     SamplingParams, TaskSpec
 from rollart.rollout.chat import ChatFormat
+from rollart.rollout.direct import DirectClient
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.rollout.routing import PoolRouter, init_fallback_metrics
 from rollart.rollout.trajectory import TrajectoryBuilder
@@ -65,6 +66,8 @@ GENERATION_OVERHEAD = Histogram("rollart_env_generation_overhead_seconds",
                                 "Per turn: round trip seen by the env minus the engine's time (the bus's tax)",
                                 ("job", "pool"), buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
                                                           0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5))
+TURNS_BY_TRANSPORT = Counter("rollart_env_generation_turns_total", "LLM turns, by the path they took (direct or bus)",
+                             ("job", "pool", "transport"))
 GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
 REPLACEMENTS = Counter("rollart_env_replacements_total", "Replacement rollouts started for members ended by a fault, "
                        "by the fault", ("job", "tag", "reason"))
@@ -217,6 +220,12 @@ class EnvManager:
         self.sampling = turn_sampling(self.config, chat)
         self.eval_sampling = turn_sampling(self.config, chat, evaluation=True) if self.config.eval else None
         self._version = (0, 0.0)  # (value, read at)
+        self.direct = DirectClient(timeout_s=self.config.env.generation_timeout_s) \
+            if self.config.generation.transport == "direct" else None
+
+    async def close(self) -> None:
+        if self.direct is not None:
+            await self.direct.close()
 
     # -- tasks: groups --------------------------------------------------------------------------
 
@@ -269,15 +278,27 @@ class EnvManager:
 
         started = time.perf_counter()
         try:
-            result = await self.replies.request(build)
+            result, transport = await self._exchange(pool, build)
         except asyncio.TimeoutError:
             raise TrajectoryAborted("generation_timeout") from None
         except NoReplyPartition:
             raise TrajectoryAborted("ownership_lost") from None
         round_trip = time.perf_counter() - started
+        TURNS_BY_TRANSPORT.labels(self.config.job, pool, transport).inc()
         builder.add_time("generation", round_trip)
         GENERATION_OVERHEAD.labels(self.config.job, pool).observe(max(0.0, round_trip - result.latency_s))
         return result
+
+    async def _exchange(self, pool: str, build: Callable[[int, int], GenerationRequest]) -> tuple[GenerationResult, str]:
+        """The turn's result and the path it took: direct to a member when one advertises it, else
+        (and for what the direct path hands back) over the bus."""
+        attempt = 0
+        addresses = self.router.direct_addresses(pool) if self.direct is not None else []
+        if self.direct is not None and addresses:
+            result, attempt = await self.direct.request(addresses, lambda attempt: build(0, attempt))
+            if result is not None:
+                return result, "direct"
+        return await self.replies.request(build, first_attempt=attempt), "bus"
 
     async def _check_staleness(self, builder: TrajectoryBuilder) -> None:
         alpha = self.config.feeder.alpha
@@ -378,8 +399,12 @@ async def run_env(config: RollartConfig, stop: StopRequest) -> None:
     member = f"env-{socket.gethostname()}-{os.getpid()}"
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     init_metrics(config)
-    await run_member(config, stop, lambda rt: Member(loops=env_loops(rt, EnvManager(rt, chat, member))),
-                     client_id=member)
+
+    def build(rt: Runtime) -> Member:
+        manager = EnvManager(rt, chat, member)
+        return Member(loops=env_loops(rt, manager), cleanup=[manager.close])
+
+    await run_member(config, stop, build, client_id=member)
 
 
 def env_loops(rt: Runtime, manager: EnvManager):

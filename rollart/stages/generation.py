@@ -21,12 +21,13 @@ from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.bus.stopping import StartupInterrupted
 from rollart.config import RollartConfig
 from rollart.evaluation.pinning import PinnedWeights
-from rollart.messages import Abort, Envelope, GenerationRequest
+from rollart.messages import Abort, Envelope, GenerationRequest, GenerationResult
 from rollart.runtime import Runtime
 from rollart.state import PoolRegistry
 from rollart.weights.follower import WeightFollower
 from rollart.names import ENV_ACTIONS, REWARDS_JUDGE, gen_requests
-from rollart.stages.runner import Member, run_member
+from rollart.rollout.direct import DIRECT_INFO_KEY, DirectServer
+from rollart.stages.runner import Member, Service, run_member
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +57,49 @@ class GenerationStage:
         self.pool = pool
         self.member = member
         self.labels = (runtime.config.job, pool)
+        self.direct: DirectServer | None = None
 
     def membership(self):
         """Heartbeat into the pool registry while the block runs."""
         config = self.runtime.config
         registry = PoolRegistry(self.runtime.redis, prefix=config.redis.key_prefix, job=config.job)
-        return registry.membership(self.pool, self.member, ttl_s=config.generation.heartbeat_ttl_s,
-                                   info={"model": str(config.model.path), "pid": os.getpid()})
+        info = {"model": str(config.model.path), "pid": os.getpid()}
+        if self.direct is not None:
+            info[DIRECT_INFO_KEY] = self.direct.address
+        return registry.membership(self.pool, self.member, ttl_s=config.generation.heartbeat_ttl_s, info=info)
+
+    def direct_server(self) -> DirectServer:
+        """The direct turn path's server (``generation.transport: direct``), bound now: its address
+        goes into the membership info."""
+        gen = self.runtime.config.generation
+        self.direct = DirectServer(self.serve, self.cancel, bind_host=gen.direct_bind_host, port=gen.direct_port,
+                                   advertise=gen.direct_advertise_host, max_in_flight=gen.max_concurrency,
+                                   labels=self.labels)
+        return self.direct
 
     async def handle(self, envelope: Envelope, ctx: MessageContext) -> None:
+        """The bus path: an Abort cancels; a request's result goes to its reply partition."""
         message = envelope.message
         if isinstance(message, Abort):
-            if await self.engine.abort_trajectory(message.traj_id, message.episode):
-                ABORTS.labels(*self.labels).inc()
+            await self.cancel(message)
             return
         assert isinstance(message, GenerationRequest)
         if message.reply_topic not in REPLY_TOPICS:
             raise PermanentError(f"reply_topic {message.reply_topic!r} is not one of {sorted(REPLY_TOPICS)}")
+        result = await self.serve(message)
+        if result is None:
+            return  # the owner gave the trajectory up; nobody waits for this
+        version = result.versions[0] if len(result.versions) else None
+        await ctx.produce(message.reply_topic, result, key=message.traj_id, partition=message.reply_partition,
+                          policy_version=version)
+
+    async def cancel(self, message: Abort) -> None:
+        if await self.engine.abort_trajectory(message.traj_id, message.episode):
+            ABORTS.labels(*self.labels).inc()
+
+    async def serve(self, message: GenerationRequest) -> GenerationResult | None:
+        """Generate one turn (either path), under the pinned version or at least the one it asks for;
+        None if it was aborted."""
         if message.exact_version is not None:
             if self.pins is None:
                 raise PermanentError(f"a request pinned to version {message.exact_version} reached pool {self.pool}, "
@@ -86,13 +113,10 @@ class GenerationStage:
         result = replace(result, pool=self.pool, instance=self.member)
         REQUESTS.labels(*self.labels, result.finish_reason).inc()
         if result.finish_reason == "abort":
-            return  # the owner gave the trajectory up; nobody waits for this
+            return None
         TOKENS.labels(*self.labels).inc(len(result.token_ids))
         LATENCY.labels(*self.labels).observe(result.latency_s)
-        version = result.versions[0] if len(result.versions) else None
-        await ctx.produce(message.reply_topic, result, key=message.traj_id, partition=message.reply_partition,
-                          policy_version=version)
-
+        return result
 
     async def _generate(self, message: GenerationRequest):
         RUNNING.labels(*self.labels).inc()
@@ -151,5 +175,8 @@ def generation_member(rt: Runtime, engine, pool: str, member: str) -> Member:
     follower = WeightFollower(rt, engine, pool=pool, member=member) \
         if config.generation.follow_versions and pins is None else None
     stage = GenerationStage(rt, engine, pool, member, follower, pins)
-    return Member(loops=[generation_loop(rt, stage)], background=[follower] if follower else [],
+    loops: list[Service] = [generation_loop(rt, stage)]
+    if config.generation.transport == "direct":
+        loops.append(stage.direct_server())
+    return Member(loops=loops, background=[follower] if follower else [],
                   holding=[stage.membership()], cleanup=[pins.close] if pins else [])

@@ -55,6 +55,14 @@ class PoolRegistry:
         raw = await self.redis.get(self._info_key(pool, member))
         return json.loads(raw) if raw is not None else None
 
+    async def live_infos(self, pool: str) -> dict[str, dict[str, Any]]:
+        """Each live member's info (one round trip for all of them)."""
+        members = await self.live_members(pool)
+        if not members:
+            return {}
+        raws = await self.redis.mget([self._info_key(pool, m) for m in members])
+        return {m: json.loads(raw) for m, raw in zip(members, raws) if raw is not None}
+
     async def live_pools(self, pools: list[str]) -> dict[str, list[str]]:
         return {pool: await self.live_members(pool) for pool in pools}
 

@@ -19,14 +19,13 @@ async def harness(endpoints, engine, chat, tiny_model, request):
     options = dict(marker.kwargs) if marker else {}
     pools = options.pop("pools", ["p1"])
     started_pools = options.pop("start_pools", pools)
+    generation = {"heartbeat_ttl_s": 1.0, **options.pop("generation", {})}
     config = make_config(endpoints, pools=pools, model={"path": str(tiny_model), "init_tiny": False},
-                         generation={"heartbeat_ttl_s": 1.0}, routing={"live_check_interval_s": 0.2},
+                         generation=generation, routing={"live_check_interval_s": 0.2},
                          feeder={"alpha": None}, **options)
     await apply_topics(config, endpoints, expand_catalog(config))
     async with open_runtime(config, serve=False) as rt:
         harness = RolloutHarness(config, rt, engine, chat)
         await harness.start(started_pools)
         yield harness
-        for pool in list(harness.generation):
-            await harness.stop_pool(pool)
-        await harness.loops.stop_all()
+        await harness.close()
