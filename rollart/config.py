@@ -189,6 +189,9 @@ class TrainerConfig(Section):
     seed: int = 0
 
 
+DIRECT_FALLBACK_FETCH_MAX_WAIT_MS = 500
+
+
 class GenerationConfig(Section):
     engine: Literal["vllm"] = "vllm"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -219,6 +222,14 @@ class GenerationConfig(Section):
     # In the rollout-only benchmark 500 ms cost a third of the pipeline's tokens/s (1,027 against 1,372
     # at 5 ms and 1,452 at 100 ms); the demo's step time was the same at 100 and 500 (1.86 / 1.76 s).
     fetch_max_wait_ms: int = Field(default=100, ge=0, le=10_000)
+    def turn_fetch_max_wait_ms(self) -> int:
+        """The long-poll of the per-turn loops (gen.requests.*, env.actions). On the direct path they
+        only carry the fallback, and idle loops polling every few ms cost the busy process real CPU
+        (py-spy: aiokafka's fetch requests were ~17% of the in-process bench); Apache Kafka answers a
+        long-poll as soon as a record arrives, so a long one costs a fallback turn nothing there."""
+        return max(self.fetch_max_wait_ms, DIRECT_FALLBACK_FETCH_MAX_WAIT_MS) if self.transport == "direct" \
+            else self.fetch_max_wait_ms
+
     # Requests in flight when new weights load: re-prefill them under the new weights, or keep their KV.
     on_weight_update: Literal["recompute", "keep"] = "recompute"
     follow_versions: bool = True  # pull and load each announced version

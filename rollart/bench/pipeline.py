@@ -5,8 +5,9 @@ same engine, the same number in flight, run two ways:
 
 * raw: coroutines call the vLLM engine directly and step the env in-process (the best any rollout
   loop on this engine could do);
-* pipeline: rollart's env stage and generation consumer exchange every turn over the bus
-  (GenerationRequest on ``gen.requests.<pool>``, GenerationResult on ``env.actions``).
+* pipeline, per turn transport: rollart's env stage and generation member exchange every turn over the
+  bus (GenerationRequest on ``gen.requests.<pool>``, GenerationResult on ``env.actions``) or directly
+  (``generation.transport: direct``, the member's ZeroMQ socket).
 
 Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the env's
 round trip minus the engine's own time for the request (``rollart_env_generation_overhead_seconds``),
@@ -75,40 +76,58 @@ def histogram_quantile(name: str, labels: dict[str, str], q: float) -> float:
     return bucket_quantile(buckets, q)
 
 
+TRANSPORTS = ("bus", "direct")
+
+
 async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int = 64, turns: int = 8,
-                         max_tokens: int = 8, repeats: int = 3) -> dict[str, Any]:
+                         max_tokens: int = 8, repeats: int = 3,
+                         transports: tuple[str, ...] = TRANSPORTS) -> dict[str, Any]:
+    """For each turn transport (``generation.transport``) in turn, on one engine: its pipeline and the
+    raw engine, interleaved; efficiency (against the raw runs beside it) and per-turn overhead. One
+    transport's loops at a time: idle consumer loops of another job would tax the one measured. The
+    top-level figures are the last transport's (direct, unless ``transports`` says otherwise)."""
+    tag = {"env": "rollart.bench.envs:CountdownEnv", "env_kwargs": {"turns": turns}, "max_turns": turns,
+           "reward": {"type": "env"}}
+    rows, per_transport = [], {}
     async with bench_session(config, work_dir) as session:
-        tag = {"env": "rollart.bench.envs:CountdownEnv", "env_kwargs": {"turns": turns}, "max_turns": turns,
-               "reward": {"type": "env"}}
-        cfg = session.config("bench-pipeline", tags={"work": tag},
-                             env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}})
-        runs: dict[str, list[tuple[float, int]]] = {"raw": [], "pipeline": []}
-        async with session.harness(cfg) as harness:
-            await harness.ready()
-            await _pipeline(harness, "warmup-", 8, 8)
-            await _raw(session, "warmup-raw-", 8, turns, max_tokens)
-            for rep in range(repeats):
-                for mode in (("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw")):
-                    if mode == "raw":
-                        runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
-                    else:
-                        runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
-        labels = {"job": cfg.job, "pool": BENCH_POOL}
-        p50 = histogram_quantile("rollart_env_generation_overhead_seconds", labels, 0.5)
-        p99 = histogram_quantile("rollart_env_generation_overhead_seconds", labels, 0.99)
-    rows = []
-    for mode, results in runs.items():
-        rates = sorted(tokens / seconds for seconds, tokens in results)
-        seconds = sorted(s for s, _ in results)[len(results) // 2]
-        rows.append({"mode": mode, "tokens_per_s": rates[len(rates) // 2], "seconds": seconds,
-                     "trajectories_per_s": trajectories / seconds, "tokens": results[0][1], "runs_tokens_per_s": rates})
-    efficiency = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
-    rows.append({"mode": "bus overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000})
-    return {"benchmark": "pipeline-efficiency", "efficiency": efficiency,
-            "processing_guarantee": config.bus.processing_guarantee,
-            "turn_overhead_p50_s": p50, "turn_overhead_p99_s": p99,
+        await _raw(session, "warmup-raw-", 8, turns, max_tokens)
+        for transport in transports:
+            cfg = session.config(f"bench-pipeline-{transport}", tags={"work": tag},
+                                 env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}},
+                                 generation={"transport": transport})
+            runs: dict[str, list[tuple[float, int]]] = {"raw": [], transport: []}
+            async with session.harness(cfg) as harness:
+                await harness.ready()
+                await _pipeline(harness, "warmup-", 8, 8)
+                for rep in range(repeats):
+                    for mode in (("raw", transport) if rep % 2 == 0 else (transport, "raw")):
+                        if mode == "raw":
+                            runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
+                        else:
+                            runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
+            raw, pipeline = _row(f"raw (beside {transport})", runs["raw"], trajectories), \
+                _row(f"pipeline, {transport}", runs[transport], trajectories)
+            labels = {"job": cfg.job, "pool": BENCH_POOL}
+            p50, p99 = (histogram_quantile("rollart_env_generation_overhead_seconds", labels, q) for q in (0.5, 0.99))
+            per_transport[transport] = {"efficiency": pipeline["tokens_per_s"] / raw["tokens_per_s"],
+                                        "overhead_p50_s": p50, "overhead_p99_s": p99}
+            rows += [raw, pipeline, {"mode": f"{transport}: overhead per turn", "p50_ms": p50 * 1000,
+                                     "p99_ms": p99 * 1000}]
+    headline = per_transport[transports[-1]]
+    return {"benchmark": "pipeline-efficiency", **headline, "transport": transports[-1],
+            "turn_overhead_p50_s": headline["overhead_p50_s"], "turn_overhead_p99_s": headline["overhead_p99_s"],
+            "transports": per_transport, "processing_guarantee": config.bus.processing_guarantee,
             "setup": {"trajectories_in_flight": trajectories, "turns": turns, "max_tokens": max_tokens,
                       "repeats": repeats}, "rows": rows}
+
+
+def _row(mode: str, results: list[tuple[float, int]], trajectories: int) -> dict[str, Any]:
+    """A mode's median run."""
+    rates = sorted(tokens / seconds for seconds, tokens in results)
+    seconds = sorted(s for s, _ in results)[len(results) // 2]
+    return {"mode": mode, "tokens_per_s": rates[len(rates) // 2],
+            "seconds": seconds, "trajectories_per_s": trajectories / seconds, "tokens": results[0][1],
+            "runs_tokens_per_s": rates}
 
 
 GUARANTEES = ("at_least_once", "exactly_once")

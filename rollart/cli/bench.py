@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -151,12 +152,18 @@ def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectorie
                           "the other). Default: the configured stack, else a local one.")] = None,
                  guarantees: Annotated[bool, typer.Option(
                      "--guarantees", help="at_least_once then exactly_once, side by side (Apache Kafka)")] = False,
+                 transport: Annotated[str, typer.Option(
+                     help="bus | direct | both: the turn transports measured (generation.transport)")] = "both",
                  ) -> None:
-    """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn bus overhead p50/p99."""
+    """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn overhead p50/p99, per
+    turn transport (the bus, or direct to the generation member)."""
     from rollart.bench.brokers import per_broker
     from rollart.bench.pipeline import bench_pipeline, bench_pipeline_guarantees
 
-    bench = bench_pipeline_guarantees if guarantees else bench_pipeline
+    if transport not in ("bus", "direct", "both"):
+        raise typer.BadParameter(f"--transport must be bus, direct or both, not {transport!r}")
+    transports = ("bus", "direct") if transport == "both" else (transport,)
+    bench = functools.partial(bench_pipeline_guarantees if guarantees else bench_pipeline, transports=transports)
 
     async def measure(config, work, **kwargs):
         if broker is None:

@@ -105,16 +105,36 @@ def kafka_user_env(r: "Renderer", component: Component) -> list[dict]:
              "valueFrom": {"secretKeyRef": {"name": principal, "key": "password"}}}]
 
 
+DIRECT_PORT = 5570  # the direct turn path's port in a pod when generation.direct_port is 0 ("any")
+
+
+def direct_turns(r: "Renderer", component: Component) -> tuple[list[dict], list[dict]]:
+    """A generation member's direct turn path (generation.transport: direct): it listens on every
+    interface of its pod and advertises the pod's IP, which env pods reach without a Service (the
+    pool registry tells them which pods are live). Its env and container port."""
+    gen = r.config.generation
+    if component.stage != "generation" or gen.transport != "direct":
+        return [], []
+    port = gen.direct_port or DIRECT_PORT
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+           {"name": "ROLLART_GENERATION_DIRECT_BIND_HOST", "value": "0.0.0.0"},
+           {"name": "ROLLART_GENERATION_DIRECT_ADVERTISE_HOST", "value": "$(POD_IP)"},
+           {"name": "ROLLART_GENERATION_DIRECT_PORT", "value": str(port)}]
+    return env, [{"name": "turns", "containerPort": port, "protocol": "TCP"}]
+
+
 def stage_container(r: "Renderer", component: Component) -> dict:
     spec = component.spec
     _, mounts = stage_volumes(r, component)
+    direct_env, direct_ports = direct_turns(r, component)
     container: dict[str, Any] = {
         "name": component.stage,
         "image": r.deploy.image, "imagePullPolicy": r.deploy.image_pull_policy,
         "command": ["rollart", "consume", *component.args, "--config", f"{CONFIG_DIR}/config.yaml"],
         "workingDir": WORK_DIR,
-        "env": stage_env(r) + kafka_user_env(r, component) + (rank_env(r, 0) if _data_parallel(r, component) else []),
-        "ports": [{"name": "metrics", "containerPort": r.deploy.metrics_port, "protocol": "TCP"}],
+        "env": stage_env(r) + kafka_user_env(r, component) + (rank_env(r, 0) if _data_parallel(r, component) else [])
+        + direct_env,
+        "ports": [{"name": "metrics", "containerPort": r.deploy.metrics_port, "protocol": "TCP"}, *direct_ports],
         "resources": resources(spec),
         "securityContext": container_security(),
         "volumeMounts": mounts,

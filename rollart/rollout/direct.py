@@ -61,6 +61,18 @@ def schema_of(message: object) -> bytes:
     return f"{kind.KIND}/{major}.{minor}".encode()  # type: ignore[attr-defined]
 
 
+async def drain(sock: zmq.asyncio.Socket) -> list[list[bytes]]:
+    """Every message waiting on the socket, without yielding to the event loop between them: taking
+    one per loop iteration, 64 turns that arrive together waited up to 64 busy iterations (18 ms p50
+    at 64 in flight, against 0.5 ms for one turn alone)."""
+    messages = []
+    while True:
+        try:
+            messages.append(await sock.recv_multipart(flags=zmq.NOBLOCK))
+        except zmq.Again:
+            return messages
+
+
 # -- the generation member's side ------------------------------------------------------------------
 
 Serve = Callable[[GenerationRequest], Awaitable[GenerationResult | None]]
@@ -95,8 +107,8 @@ class DirectServer:
             while not self._stopped.is_set():
                 if not await self.socket.poll(timeout=100):
                     continue
-                frames = await self.socket.recv_multipart()
-                await self._dispatch(frames)
+                for frames in await drain(self.socket):
+                    await self._dispatch(frames)
             if self.tasks:
                 await asyncio.wait(self.tasks)
             await asyncio.sleep(0.1)  # the last replies leave the socket before it closes (linger alone lost them)
@@ -277,12 +289,11 @@ class DirectClient:
 
     async def _read(self, peer: _Peer) -> None:
         while True:
-            frames = await peer.socket.recv_multipart()
-            if len(frames) != 4:
-                continue
-            future = peer.pending.get(frames[0])
-            if future is not None and not future.done():
-                future.set_result((frames[1], frames[2], frames[3]))
+            await peer.socket.poll()
+            for frames in await drain(peer.socket):
+                future = peer.pending.get(frames[0]) if len(frames) == 4 else None
+                if future is not None and not future.done():
+                    future.set_result((frames[1], frames[2], frames[3]))
 
     async def _watch(self, peer: _Peer, monitor: zmq.asyncio.Socket) -> None:
         try:

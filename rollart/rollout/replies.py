@@ -20,7 +20,7 @@ from prometheus_client import Counter
 from rollart.bus import MessageContext
 from rollart.messages import Abort, Envelope, GenerationRequest, GenerationResult
 from rollart.runtime import Runtime
-from rollart.names import gen_requests
+from rollart.names import ENV_ACTIONS, gen_requests
 
 ORPHANS = Counter("rollart_bus_orphan_replies_total",
                   "Replies for no request of this member (late, after an abort or a re-issue)", ("job", "topic"))
@@ -55,8 +55,13 @@ class ReplyChannel:
         # No Redis de-duplication: a reply is matched to its pending request by key, so a copy finds
         # none and is counted as an orphan; the check would cost two Redis round trips on every turn.
         return self.rt.consumer_loop(group, [self.reply_topic], self.handle_reply, ordering="none", dedup=False,
-                                     fetch_max_wait_ms=self.rt.config.generation.fetch_max_wait_ms,
+                                     fetch_max_wait_ms=self._fetch_max_wait_ms(),
                                      on_assign=self.on_assign, on_revoke=self.on_revoke, **kwargs)
+
+    def _fetch_max_wait_ms(self) -> int:
+        generation = self.rt.config.generation
+        # env.actions carries only the direct path's fallback under transport: direct; rewards.judge every turn
+        return generation.turn_fetch_max_wait_ms() if self.reply_topic == ENV_ACTIONS else generation.fetch_max_wait_ms
 
     async def on_assign(self, tps: set[TopicPartition]) -> None:
         self.owned = sorted(set(self.owned) | {tp.partition for tp in tps if tp.topic == self.physical})

@@ -135,7 +135,7 @@ def generation_loop(rt: Runtime, stage: GenerationStage):
     return rt.consumer_loop(f"gen-{stage.pool}", [gen_requests(stage.pool)], stage.handle, ordering="none",
                             dedup=False,
                             max_in_flight=config.generation.max_concurrency,
-                            fetch_max_wait_ms=config.generation.fetch_max_wait_ms)
+                            fetch_max_wait_ms=config.generation.turn_fetch_max_wait_ms())
 
 
 async def run_generation(config: RollartConfig, stop: StopRequest, *, pool: str, engine=None) -> None:

@@ -292,3 +292,23 @@ def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_pa
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "deploy", "render", str(bad), "--out", str(out)],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "deploy.pools" in result.stderr
+
+
+def test_direct_turns_listen_on_the_pod_and_advertise_its_ip(monkeypatch):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["generation"] = {**data.get("generation", {}), "transport": "direct"}
+    deployments = by_kind(render_job(prepare_config(build_config(data, "direct example"))), "Deployment")
+    container = pod(deployments["agentic-two-pool-gen-h800"])["containers"][0]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert {"name": "turns", "containerPort": int(env["ROLLART_GENERATION_DIRECT_PORT"]), "protocol": "TCP"} \
+        in container["ports"]
+    assert "ROLLART_GENERATION_DIRECT_PORT" not in {e["name"] for e in pod(deployments["agentic-two-pool-env"])
+                                                   ["containers"][0]["env"]}
+    # the variables are the config's fields: the member binds every interface and advertises the pod
+    for name, value in env.items():
+        if name.startswith("ROLLART_GENERATION_DIRECT_"):
+            monkeypatch.setenv(name, value.replace("$(POD_IP)", "10.0.0.7"))
+    generation = build_config(data, "inside the pod").generation
+    assert (generation.direct_bind_host, generation.direct_advertise_host, generation.direct_port) == \
+        ("0.0.0.0", "10.0.0.7", 5570)
