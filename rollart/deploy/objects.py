@@ -261,6 +261,25 @@ def kafka_trigger(r: "Renderer", group: str, topic: str, autoscaling) -> dict:
     return trigger
 
 
+def running_requests_trigger(r: "Renderer", component: Component) -> list[dict]:
+    """A generation pool on the direct turn path scales on its requests in flight (Prometheus: the
+    members' ``rollart_generation_running_requests``), a replica per 3/4 of ``max_concurrency``; its
+    gen.requests lag only counts the turns that fell back to the bus."""
+    if component.stage != "generation" or r.config.generation.transport != "direct":
+        return []
+    if not r.deploy.prometheus_url:
+        from rollart.config import ConfigError
+
+        raise ConfigError(f"deploy.prometheus_url must be set to autoscale pool {component.pool!r} under "
+                          "generation.transport: direct (its turns make no gen.requests lag; KEDA asks Prometheus "
+                          "for the pool's running requests instead)")
+    query = f'sum(rollart_generation_running_requests{{job="{r.job}",pool="{component.pool}"}})'
+    return [{"type": "prometheus", "name": "running-requests",
+             "metadata": {"serverAddress": r.deploy.prometheus_url, "query": query,
+                          "threshold": str(max(1, r.config.generation.max_concurrency * 3 // 4)),
+                          "activationThreshold": "0"}}]
+
+
 def scaled_object(r: "Renderer", component: Component) -> dict:
     scaling = component.spec.autoscaling
     triggers = r.scaler_triggers(component)
@@ -271,7 +290,8 @@ def scaled_object(r: "Renderer", component: Component) -> dict:
         "maxReplicaCount": min(scaling.max_replicas, partitions),  # a replica without a partition idles
         "pollingInterval": scaling.polling_interval_s,
         "cooldownPeriod": scaling.cooldown_s,
-        "triggers": [kafka_trigger(r, group, topic, scaling) for group, topic, _ in triggers],
+        "triggers": [kafka_trigger(r, group, topic, scaling) for group, topic, _ in triggers]
+        + running_requests_trigger(r, component),
     }
     extra = {"pool": k8s_name(component.pool)} if component.pool else {}
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",

@@ -83,6 +83,9 @@ class DeployConfig(Section):
     storage_class: str | None = None
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     scrape_interval_s: int = Field(default=15, ge=1)
+    # The Prometheus KEDA asks for a generation pool's running requests: under generation.transport:
+    # direct, turns make no gen.requests lag to scale on (e.g. http://prometheus-operated.monitoring:9090)
+    prometheus_url: str | None = None
     feeder: StageDeployment = StageDeployment(cpu="500m", memory="1Gi")
     env: StageDeployment = StageDeployment(cpu="4", memory="8Gi", autoscaling=Autoscaling(max_replicas=16))
     reward: StageDeployment = StageDeployment(autoscaling=Autoscaling(min_replicas=0, max_replicas=8,

@@ -53,7 +53,8 @@ def test_every_fault_type_is_survived_and_every_trajectory_accounted_for(tiny_mo
     # No endpoints: the campaign starts a stack of its own, whose broker it may kill.
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")},
            "ROLLART_HOME": str(tmp_path / "home"), "ROLLART_MODEL_PATH": str(tiny_model),
-           "ROLLART_MODEL_INIT_TINY": "false", "ROLLART_BUS_PROCESSING_GUARANTEE": "exactly_once"}
+           "ROLLART_MODEL_INIT_TINY": "false", "ROLLART_BUS_PROCESSING_GUARANTEE": "exactly_once",
+           "ROLLART_GENERATION_TRANSPORT": "direct"}  # the demo's turn path: a killed member's turns go elsewhere
     result = subprocess.run([sys.executable, "-m", "rollart.cli", "chaos", "--steps", str(STEPS), "--interval", "1",
                              "--schedule", ",".join(SCHEDULE), "--broker", "kafka", "--baseline-steps", "0",
                              "--out", str(out)],

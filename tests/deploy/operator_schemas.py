@@ -43,6 +43,18 @@ KAFKA_SCALER_METADATA = {
     },
 }
 
+PROMETHEUS_SCALER_METADATA = {  # KEDA's prometheus scaler: a query whose value per replica is the target
+    "type": "object", "additionalProperties": {"type": "string"},
+    "required": ["serverAddress", "query", "threshold"],
+    "properties": {
+        "serverAddress": {"type": "string", "pattern": r"^https?://"},
+        "threshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+        "activationThreshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+    },
+}
+
+AUTHENTICATION_REF = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+
 SCALED_OBJECT = _resource("keda.sh/v1alpha1", "ScaledObject", {
     "type": "object", "required": ["scaleTargetRef", "triggers"], "additionalProperties": False,
     "properties": {
@@ -53,12 +65,14 @@ SCALED_OBJECT = _resource("keda.sh/v1alpha1", "ScaledObject", {
         "maxReplicaCount": {"type": "integer", "minimum": 1},
         "pollingInterval": {"type": "integer", "minimum": 1},
         "cooldownPeriod": {"type": "integer", "minimum": 0},
-        "triggers": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
-            "properties": {"type": {"const": "kafka"}, "name": {"type": "string"},
-                           "metadata": KAFKA_SCALER_METADATA,
-                           "authenticationRef": {"type": "object", "required": ["name"],
-                                                 "properties": {"name": {"type": "string"}}}}}},
+        "triggers": {"type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+             "properties": {"type": {"const": "kafka"}, "name": {"type": "string"},
+                            "metadata": KAFKA_SCALER_METADATA, "authenticationRef": AUTHENTICATION_REF}},
+            {"type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+             "properties": {"type": {"const": "prometheus"}, "name": {"type": "string"},
+                            "metadata": PROMETHEUS_SCALER_METADATA, "authenticationRef": AUTHENTICATION_REF}},
+        ]}},
     },
 })
 

@@ -297,7 +297,23 @@ def test_cli_writes_a_kustomize_base_and_the_committed_example_is_current(tmp_pa
 def test_direct_turns_listen_on_the_pod_and_advertise_its_ip(monkeypatch):
     data = yaml.safe_load(EXAMPLE.read_text())
     data["generation"] = {**data.get("generation", {}), "transport": "direct"}
-    deployments = by_kind(render_job(prepare_config(build_config(data, "direct example"))), "Deployment")
+    with pytest.raises(ConfigError, match="deploy.prometheus_url"):  # autoscaled pools, nothing to scale on
+        render_job(prepare_config(build_config(data, "direct example")))
+    data["deploy"]["prometheus_url"] = "http://prometheus-operated.monitoring:9090"
+    docs = render_job(prepare_config(build_config(data, "direct example")))
+    deployments = by_kind(docs, "Deployment")
+    triggers = by_kind(docs, "ScaledObject")["agentic-two-pool-gen-h20"]["spec"]["triggers"]
+    running = [t for t in triggers if t["type"] == "prometheus"]
+    assert [t["metadata"]["query"] for t in running] == \
+        ['sum(rollart_generation_running_requests{job="agentic-two-pool",pool="h20"})']
+    assert [t for t in triggers if t["type"] == "kafka"], "the fallback's lag still counts"
+    assert not [t for t in by_kind(docs, "ScaledObject")["agentic-two-pool-env"]["spec"]["triggers"]
+                if t["type"] == "prometheus"]
+    for doc in docs:
+        if doc["kind"] == "ScaledObject":
+            jsonschema.validate(doc, SCHEMAS["ScaledObject"])
+        elif doc["kind"] == "Deployment":
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     container = pod(deployments["agentic-two-pool-gen-h800"])["containers"][0]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
