@@ -31,7 +31,8 @@ class BenchSession:
             "kafka": {"bootstrap": self.endpoints.kafka_bootstrap, "broker": self.endpoints.broker},
             "redis": {"url": self.endpoints.redis_url},
             "model": {"path": str(self.model_path), "init_tiny": False},
-            "generation": {"max_concurrency": 512, "max_model_len": 2048, "fetch_max_wait_ms": 5},
+            "generation": {"max_concurrency": 512, "max_model_len": 2048, "fetch_max_wait_ms": 5,
+                           "transport": self.base.generation.transport},  # the job's turn path
             "feeder": {"alpha": None},
             "env": {"max_groups": 256, "generation_timeout_s": 600, "step_timeout_s": 600,
                     "sampling": {"temperature": 1.0, "max_tokens": 2}},
