@@ -308,13 +308,22 @@ class DirectClient:
         finally:
             monitor.close(0)
 
+    async def retain(self, live: set[str]) -> None:
+        """Close the sockets of members no longer live (restarted members come back on new addresses:
+        without this a long run with restarts would keep a socket and two tasks per address it saw)."""
+        for address in [a for a, peer in self.peers.items() if a not in live and not peer.pending]:
+            await self._close_peer(self.peers.pop(address))
+
+    async def _close_peer(self, peer: _Peer) -> None:
+        peer.fail_pending()
+        for task in peer.tasks:
+            task.cancel()
+        await asyncio.gather(*peer.tasks, return_exceptions=True)
+        peer.socket.disable_monitor()
+        peer.socket.close(0)
+
     async def close(self) -> None:
         for peer in self.peers.values():
-            peer.fail_pending()
-            for task in peer.tasks:
-                task.cancel()
-            await asyncio.gather(*peer.tasks, return_exceptions=True)
-            peer.socket.disable_monitor()
-            peer.socket.close(0)
+            await self._close_peer(peer)
         self.peers.clear()
         self.context.term()

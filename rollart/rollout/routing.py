@@ -36,6 +36,7 @@ class PoolRouter:
         self.registry = registry
         self._live: dict[str, bool] = {}
         self._direct: dict[str, list[str]] = {}  # pool -> its live members' direct addresses
+        self.refreshes = 0  # of the direct addresses
         self._checked = 0.0
 
     async def _refresh(self) -> None:
@@ -46,10 +47,14 @@ class PoolRouter:
             self._live = {pool: bool(members) for pool, members in infos.items()}
             self._direct = {pool: sorted(info[DIRECT_INFO_KEY] for info in members.values() if DIRECT_INFO_KEY in info)
                             for pool, members in infos.items()}
+            self.refreshes += 1
         else:
             live = await self.registry.live_pools(self.config.pools)
             self._live = {pool: bool(members) for pool, members in live.items()}
         self._checked = time.monotonic()
+
+    def all_direct_addresses(self) -> set[str]:
+        return {address for addresses in self._direct.values() for address in addresses}
 
     def direct_addresses(self, pool: str) -> list[str]:
         """The direct addresses the pool's live members advertised (at the last refresh)."""

@@ -222,6 +222,7 @@ class EnvManager:
         self._version = (0, 0.0)  # (value, read at)
         self.direct = DirectClient(timeout_s=self.config.env.generation_timeout_s) \
             if self.config.generation.transport == "direct" else None
+        self._retained_at = 0  # the router's refresh the direct client's sockets were last pruned at
 
     async def close(self) -> None:
         if self.direct is not None:
@@ -294,6 +295,9 @@ class EnvManager:
         (and for what the direct path hands back) over the bus."""
         attempt = 0
         addresses = self.router.direct_addresses(pool) if self.direct is not None else []
+        if self.direct is not None and self.router.refreshes != self._retained_at:
+            self._retained_at = self.router.refreshes
+            await self.direct.retain(self.router.all_direct_addresses())
         if self.direct is not None and addresses:
             result, attempt = await self.direct.request(addresses, lambda attempt: build(0, attempt))
             if result is not None:

@@ -208,3 +208,18 @@ def test_the_advertised_host_is_the_bind_host_unless_bound_to_every_interface():
     assert advertised_host("0.0.0.0", "10.1.2.3") == "10.1.2.3"
     assert advertised_host("0.0.0.0", None) not in ("0.0.0.0", "")
 
+
+
+async def test_sockets_of_members_no_longer_live_are_closed(client):
+    gone, alive = Member("gone"), Member("alive")
+    try:
+        for member in (gone, alive):
+            assert (await client.request([member.server.address], lambda a: request(attempt=a)))[0] is not None
+        assert set(client.peers) == {gone.server.address, alive.server.address}
+        await client.retain({alive.server.address})
+        assert set(client.peers) == {alive.server.address}
+        result, _ = await client.request([alive.server.address], lambda a: request(attempt=a))
+        assert result is not None and result.instance == "alive"
+    finally:
+        await gone.stop()
+        await alive.stop()
