@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from rollart.envs import FORMAT_PENALTY
@@ -96,6 +98,9 @@ async def test_tags_reach_their_pool_and_fall_back_when_it_is_down(harness):
     assert {served[t] for t in served if t.startswith("r2-")} == {"p2"}
 
     await harness.stop_pool("p2")  # its member leaves the registry
+    # the env's view of live pools is cached for routing.live_check_interval_s: a turn routed from a view
+    # older than the stop would wait on p2's topic until generation_timeout_s (what the test is not about)
+    await asyncio.sleep(2 * harness.config.routing.live_check_interval_s)
     job = harness.config.job
     before = FALLBACKS.labels(job, "math", "p2", "p1")._value.get()
     await harness.submit("r3", "math", group_size=2, seed=7)
