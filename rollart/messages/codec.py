@@ -105,13 +105,17 @@ class Codec:
     def encode_value(self, message: Any) -> bytes:
         return self._encoder.encode(message)
 
-    def headers(self, message: Any, *, job: str, policy_version: int | None = None) -> Headers:
+    def schema(self, message: Any) -> bytes:
+        """The message's ``rollart-schema`` header value (its kind and version)."""
         kind: Any = self._kinds.get(getattr(type(message), "KIND", ""))
         if kind is None or kind is not type(message):
             raise TypeError(f"{type(message).__name__} is not a registered message kind")
         major, minor = kind.SCHEMA
+        return f"{kind.KIND}/{major}.{minor}".encode()
+
+    def headers(self, message: Any, *, job: str, policy_version: int | None = None) -> Headers:
         headers: Headers = [
-            (H_SCHEMA, f"{kind.KIND}/{major}.{minor}".encode()),
+            (H_SCHEMA, self.schema(message)),
             (H_CONTENT_TYPE, CONTENT_TYPE.encode()),
             (H_ID, message.message_id().encode()),
             (H_JOB, job.encode()),

@@ -14,6 +14,7 @@ allocate without limit; the codec also caps the whole value size.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal
 
@@ -112,6 +113,11 @@ class GenerationRequest:
     @property
     def request_id(self) -> str:
         return f"{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"
+
+    def cancellation(self) -> "Abort":
+        """The Abort that tells the engine serving this request to stop (its run: ``episode``)."""
+        return Abort(traj_id=self.traj_id, turn=self.turn, reason="cancelled", group_id=self.group_id, tag=self.tag,
+                     created_at=time.time(), episode=self.episode)
 
 
 @dataclass(frozen=True, slots=True)

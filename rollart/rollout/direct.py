@@ -53,14 +53,6 @@ def advertised_host(bind_host: str, advertise: str | None) -> str:
     return socket.gethostname() if bind_host in ("0.0.0.0", "*", "::") else bind_host
 
 
-def schema_of(message: object) -> bytes:
-    """The ``rollart-schema`` header of a message (its kind and version), the one header a direct
-    message carries: the receiver's codec checks it as the bus's consumer does."""
-    kind = type(message)
-    major, minor = kind.SCHEMA  # type: ignore[attr-defined]  # every message kind has one
-    return f"{kind.KIND}/{major}.{minor}".encode()  # type: ignore[attr-defined]
-
-
 async def drain(sock: zmq.asyncio.Socket) -> list[list[bytes]]:
     """Every message waiting on the socket, without yielding to the event loop between them: taking
     one per loop iteration, 64 turns that arrive together waited up to 64 busy iterations (18 ms p50
@@ -146,7 +138,7 @@ class DirectServer:
             if result is None:
                 await self._reply(identity, request_id, GONE, b"", b"")
             else:
-                await self._reply(identity, request_id, OK, schema_of(result), self.codec.encode_value(result))
+                await self._reply(identity, request_id, OK, self.codec.schema(result), self.codec.encode_value(result))
         finally:
             self.slots.release()
 
@@ -158,10 +150,6 @@ class DirectServer:
 
 
 # -- the env member's side -------------------------------------------------------------------------
-
-
-class DirectUnavailable(Exception):
-    """No member of the pool can take this turn directly (the caller sends it over the bus)."""
 
 
 class _Reissue(Exception):
@@ -229,7 +217,7 @@ class DirectClient:
         future: asyncio.Future[tuple[bytes, bytes, bytes]] = asyncio.get_running_loop().create_future()
         peer.pending[request_id] = future
         try:
-            await peer.socket.send_multipart([request_id, REQUEST, schema_of(request), self.codec.encode_value(request)])
+            await peer.socket.send_multipart([request_id, REQUEST, self.codec.schema(request), self.codec.encode_value(request)])
             status, schema, payload = await asyncio.wait_for(future, self.timeout_s)
         except asyncio.TimeoutError:
             await self._cancel(peer, request)
@@ -249,10 +237,9 @@ class DirectClient:
 
     async def _cancel(self, peer: _Peer, request: GenerationRequest) -> None:
         """Best effort: tell the member's engine to stop the request."""
-        abort = Abort(traj_id=request.traj_id, turn=request.turn, reason="cancelled", group_id=request.group_id,
-                      tag=request.tag, created_at=time.time(), episode=request.episode)
+        abort = request.cancellation()
         with contextlib.suppress(zmq.ZMQError):
-            await peer.socket.send_multipart([b"", CANCEL, schema_of(abort), self.codec.encode_value(abort)],
+            await peer.socket.send_multipart([b"", CANCEL, self.codec.schema(abort), self.codec.encode_value(abort)],
                                              flags=zmq.NOBLOCK)
 
     async def _peer_for(self, traj_id: str, addresses: list[str]) -> _Peer | None:

@@ -18,7 +18,7 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import Counter
 
 from rollart.bus import MessageContext
-from rollart.messages import Abort, Envelope, GenerationRequest, GenerationResult
+from rollart.messages import Envelope, GenerationRequest, GenerationResult
 from rollart.runtime import Runtime
 from rollart.names import ENV_ACTIONS, gen_requests
 
@@ -121,9 +121,7 @@ class ReplyChannel:
 
     async def cancel(self, request: GenerationRequest) -> None:
         """Best effort: tell the engine to stop; if this fails, the late result is an orphan."""
-        abort = Abort(traj_id=request.traj_id, turn=request.turn, reason="cancelled", group_id=request.group_id,
-                      tag=request.tag, created_at=time.time(), episode=request.episode)
         try:
-            await self.rt.producer.send(gen_requests(request.pool), abort, key=request.traj_id)
+            await self.rt.producer.send(gen_requests(request.pool), request.cancellation(), key=request.traj_id)
         except Exception:  # noqa: BLE001
             pass

@@ -293,12 +293,14 @@ class EnvManager:
     async def _exchange(self, pool: str, build: Callable[[int, int], GenerationRequest]) -> tuple[GenerationResult, str]:
         """The turn's result and the path it took: direct to a member when one advertises it, else
         (and for what the direct path hands back) over the bus."""
-        attempt = 0
-        addresses = self.router.direct_addresses(pool) if self.direct is not None else []
-        if self.direct is not None and self.router.refreshes != self._retained_at:
+        if self.direct is None:
+            return await self.replies.request(build), "bus"
+        if self.router.refreshes != self._retained_at:
             self._retained_at = self.router.refreshes
             await self.direct.retain(self.router.all_direct_addresses())
-        if self.direct is not None and addresses:
+        attempt = 0
+        addresses = self.router.direct_addresses(pool)
+        if addresses:
             result, attempt = await self.direct.request(addresses, lambda attempt: build(0, attempt))
             if result is not None:
                 return result, "direct"
