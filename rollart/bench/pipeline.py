@@ -7,7 +7,10 @@ same engine, the same number in flight, run two ways:
   loop on this engine could do);
 * pipeline, per turn transport: rollart's env stage and generation member exchange every turn over the
   bus (GenerationRequest on ``gen.requests.<pool>``, GenerationResult on ``env.actions``) or directly
-  (``generation.transport: direct``, the member's ZeroMQ socket).
+  (``generation.transport: direct``, the member's ZeroMQ socket);
+* and per layout: the env stage in this process (one event loop for env, generation and the engine's
+  client, so every turn's Python waits behind every other's), or as its own process (``rollart
+  consume env``, as deployed; its overhead histogram read from its /metrics).
 
 Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the env's
 round trip minus the engine's own time for the request (``rollart_env_generation_overhead_seconds``),
@@ -17,12 +20,14 @@ p50/p99 from that histogram, as Grafana would show it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 from prometheus_client import REGISTRY
 
+from rollart.bench.env_process import env_process
 from rollart.bench.envs import CountdownEnv
 from rollart.chaos.scrape import bucket_quantile
 from rollart.bench.session import BENCH_POOL, BenchSession, bench_session
@@ -66,59 +71,99 @@ async def _pipeline(harness, prefix: str, n: int, group_size: int) -> tuple[floa
     return elapsed, sum(int(sum(t.loss_mask)) for t in trajectories)
 
 
-def histogram_quantile(name: str, labels: dict[str, str], q: float) -> float:
-    """Prometheus' histogram_quantile over this process's cumulative buckets (linear in a bucket)."""
-    buckets = []
-    for metric in REGISTRY.collect():
-        for sample in metric.samples:
-            if sample.name == f"{name}_bucket" and all(sample.labels.get(k) == v for k, v in labels.items()):
-                buckets.append((float(sample.labels["le"]), sample.value))
-    return bucket_quantile(buckets, q)
-
-
+OVERHEAD = "rollart_env_generation_overhead_seconds"
 TRANSPORTS = ("bus", "direct")
+# Where the env stage runs: in this process beside generation (one event loop for env, generation and
+# the engine's client), or as its own process, as deployed (``rollart consume env``).
+LAYOUTS = ("one-process", "env-process")
+
+Buckets = dict[float, float]
+
+
+def local_buckets(name: str, labels: dict[str, str]) -> Buckets:
+    """A histogram's cumulative buckets in this process's registry (the series with ``labels``)."""
+    return {float(sample.labels["le"]): sample.value for metric in REGISTRY.collect() for sample in metric.samples
+            if sample.name == f"{name}_bucket" and all(sample.labels.get(k) == v for k, v in labels.items())}
+
+
+def quantiles_between(before: Buckets, after: Buckets, *qs: float) -> list[float]:
+    """Prometheus' ``histogram_quantile`` over what was observed between two reads of the buckets."""
+    increase = [(le, count - before.get(le, 0.0)) for le, count in after.items()]
+    return [bucket_quantile(increase, q) for q in qs]
+
+
+@contextlib.asynccontextmanager
+async def pipeline_under(session: BenchSession, cfg: RollartConfig, layout: str,
+                         work_dir: Path) -> AsyncIterator[tuple[Any, Callable[[], Buckets]]]:
+    """The pipeline of ``cfg`` with its env stage where ``layout`` says, and a read of the env's
+    per-turn overhead buckets."""
+    async with session.harness(cfg, env=layout == "one-process") as harness:
+        if layout == "one-process":
+            yield harness, lambda: local_buckets(OVERHEAD, {"job": cfg.job, "pool": BENCH_POOL})
+            return
+        async with env_process(cfg, work_dir, name=cfg.job) as env:
+            def read() -> Buckets:
+                sample = env.histogram(OVERHEAD)
+                return sample.buckets if sample is not None else {}
+            yield harness, read
 
 
 async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int = 64, turns: int = 8,
-                         max_tokens: int = 8, repeats: int = 3,
-                         transports: tuple[str, ...] = TRANSPORTS) -> dict[str, Any]:
-    """For each turn transport (``generation.transport``) in turn, on one engine: its pipeline and the
-    raw engine, interleaved; efficiency (against the raw runs beside it) and per-turn overhead. One
-    transport's loops at a time: idle consumer loops of another job would tax the one measured. The
-    top-level figures are the last transport's (direct, unless ``transports`` says otherwise)."""
-    tag = {"env": "rollart.bench.envs:CountdownEnv", "env_kwargs": {"turns": turns}, "max_turns": turns,
-           "reward": {"type": "env"}}
-    rows, per_transport = [], {}
+                         max_tokens: int = 8, repeats: int = 3, transports: tuple[str, ...] = TRANSPORTS,
+                         layouts: tuple[str, ...] = LAYOUTS[:1]) -> dict[str, Any]:
+    """For each env layout and turn transport (``generation.transport``) in turn, on one engine: its
+    pipeline and the raw engine, interleaved (see :func:`measure_pipeline`). One pipeline's loops at a
+    time: idle consumer loops of another job would tax the one measured. The top-level figures are
+    the last pipeline's (direct in the last layout, unless told otherwise)."""
+    rows, figures = [], []
     async with bench_session(config, work_dir) as session:
         await _raw(session, "warmup-raw-", 8, turns, max_tokens)
-        for transport in transports:
-            cfg = session.config(f"bench-pipeline-{transport}", tags={"work": tag},
-                                 env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}},
-                                 generation={"transport": transport})
-            runs: dict[str, list[tuple[float, int]]] = {"raw": [], transport: []}
-            async with session.harness(cfg) as harness:
-                await harness.ready()
-                await _pipeline(harness, "warmup-", 8, 8)
-                for rep in range(repeats):
-                    for mode in (("raw", transport) if rep % 2 == 0 else (transport, "raw")):
-                        if mode == "raw":
-                            runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
-                        else:
-                            runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
-            raw, pipeline = _row(f"raw (beside {transport})", runs["raw"], trajectories), \
-                _row(f"pipeline, {transport}", runs[transport], trajectories)
-            labels = {"job": cfg.job, "pool": BENCH_POOL}
-            p50, p99 = (histogram_quantile("rollart_env_generation_overhead_seconds", labels, q) for q in (0.5, 0.99))
-            per_transport[transport] = {"efficiency": pipeline["tokens_per_s"] / raw["tokens_per_s"],
-                                        "overhead_p50_s": p50, "overhead_p99_s": p99}
-            rows += [raw, pipeline, {"mode": f"{transport}: overhead per turn", "p50_ms": p50 * 1000,
-                                     "p99_ms": p99 * 1000}]
-    headline = per_transport[transports[-1]]
-    return {"benchmark": "pipeline-efficiency", **headline, "transport": transports[-1],
+        for layout in layouts:
+            for transport in transports:
+                figure, measured = await measure_pipeline(session, work_dir, transport, layout,
+                                                          trajectories=trajectories, turns=turns,
+                                                          max_tokens=max_tokens, repeats=repeats)
+                figures.append(figure)
+                rows += measured
+    headline = figures[-1]
+    return {"benchmark": "pipeline-efficiency", **headline,
             "turn_overhead_p50_s": headline["overhead_p50_s"], "turn_overhead_p99_s": headline["overhead_p99_s"],
-            "transports": per_transport, "processing_guarantee": config.bus.processing_guarantee,
+            "transports": {f["transport"]: f for f in figures if f["layout"] == layouts[0]},
+            "pipelines": {f["pipeline"]: f for f in figures}, "processing_guarantee": config.bus.processing_guarantee,
             "setup": {"trajectories_in_flight": trajectories, "turns": turns, "max_tokens": max_tokens,
                       "repeats": repeats}, "rows": rows}
+
+
+async def measure_pipeline(session: BenchSession, work_dir: Path, transport: str, layout: str, *, trajectories: int,
+                           turns: int, max_tokens: int, repeats: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One pipeline (``transport``, ``layout``) beside the raw engine, ``repeats`` runs of each in
+    alternating order: its figures (efficiency against the raw runs beside it; per-turn overhead
+    p50/p99, the warm-up's turns left out) and its table rows."""
+    name = transport if layout == "one-process" else f"{transport}, {layout}"
+    tag = {"env": "rollart.bench.envs:CountdownEnv", "env_kwargs": {"turns": turns}, "max_turns": turns,
+           "reward": {"type": "env"}}
+    cfg = session.config(f"bench-pipeline-{transport}-{layout}", tags={"work": tag},
+                         env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}},
+                         generation={"transport": transport})
+    runs: dict[str, list[tuple[float, int]]] = {"raw": [], "pipeline": []}
+    async with pipeline_under(session, cfg, layout, work_dir) as (harness, overhead):
+        await harness.ready()
+        await _pipeline(harness, "warmup-", 8, 8)
+        before = overhead()
+        for rep in range(repeats):
+            for mode in (("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw")):
+                if mode == "raw":
+                    runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
+                else:
+                    runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
+        after = overhead()
+    p50, p99 = quantiles_between(before, after, 0.5, 0.99)
+    raw, pipeline = _row(f"raw (beside {name})", runs["raw"], trajectories), \
+        _row(f"pipeline, {name}", runs["pipeline"], trajectories)
+    figure = {"pipeline": name, "transport": transport, "layout": layout,
+              "efficiency": pipeline["tokens_per_s"] / raw["tokens_per_s"], "overhead_p50_s": p50,
+              "overhead_p99_s": p99, "turns_measured": after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)}
+    return figure, [raw, pipeline, {"mode": f"{name}: overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000}]
 
 
 def _row(mode: str, results: list[tuple[float, int]], trajectories: int) -> dict[str, Any]:

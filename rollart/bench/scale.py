@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from rollart.bench.env_process import EnvProcess, env_process
 from rollart.bench.session import bench_session
 from rollart.config import RollartConfig
-from rollart.local.children import die_with_parent, on_lasting_thread
-from rollart.local.stack import free_port
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -40,29 +34,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def running_trajectories(port: int) -> float:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+def running_trajectories(process: EnvProcess) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in process.metrics().splitlines()
                if line.startswith("rollart_env_running_trajectories{"))
-
-
-def start_env_process(cfg: RollartConfig, work_dir: Path, port: int) -> subprocess.Popen:
-    path = work_dir / "scale-job.yaml"
-    data = cfg.model_dump(mode="json", exclude_none=True, exclude={"deploy"})
-    path.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "ROLLART_METRICS_PORT": str(port), "ROLLART_METRICS_HOST": "127.0.0.1"}
-    parent = os.getpid()
-
-    def popen() -> subprocess.Popen:  # a killed benchmark takes its env process with it
-        with open(work_dir / "scale-env.log", "wb") as log:
-            return subprocess.Popen([sys.executable, "-m", "rollart.cli", "consume", "env", "--config", str(path)],
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=lambda: die_with_parent(parent=parent))
-    return on_lasting_thread(popen)
 
 
 async def bench_scale(config: RollartConfig, work_dir: Path, *, trajectories: int = 1000, turns: int = 4,
@@ -75,25 +49,12 @@ async def bench_scale(config: RollartConfig, work_dir: Path, *, trajectories: in
                              env={"max_groups": groups, "sampling": {"max_tokens": 1}},
                              generation={"max_concurrency": 2 * trajectories},
                              bus={"max_in_flight": 4 * trajectories})
-        port = free_port()
-        async with session.harness(cfg, env=False) as harness:
-            proc = start_env_process(cfg, work_dir, port)
-            try:
-                return await _measure(harness, proc, port, groups, group_size, trajectories, turns, step_s)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        async with session.harness(cfg, env=False) as harness, env_process(cfg, work_dir, name="scale-env") as env:
+            return await _measure(harness, env, groups, group_size, trajectories, turns, step_s)
 
 
-async def _measure(harness, proc, port, groups, group_size, trajectories, turns, step_s) -> dict[str, Any]:
-    deadline = time.monotonic() + 300
-    while not env_ready(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the env process did not start (see scale-env.log)")
-        await asyncio.sleep(0.5)
+async def _measure(harness, env: EnvProcess, groups, group_size, trajectories, turns, step_s) -> dict[str, Any]:
+    proc = env.proc
     await asyncio.sleep(3)  # joined its groups; idle baseline
     base_rss, base_cpu = rss_bytes(proc.pid), cpu_seconds(proc.pid)
     started = time.monotonic()
@@ -103,12 +64,11 @@ async def _measure(harness, proc, port, groups, group_size, trajectories, turns,
     ids = {f"s{g}": group_size for g in range(groups)}
     while not all(len(harness.ended(g).get("completed", [])) + len(harness.ended(g).get("aborted", [])) >= n
                   for g, n in ids.items()):
-        if proc.poll() is not None:
-            raise RuntimeError("the env process died (see scale-env.log)")
+        env.check_alive()
         if time.monotonic() - started > 900:
             raise TimeoutError("the trajectories did not finish in 900 s")
         peak_rss = max(peak_rss, rss_bytes(proc.pid))
-        peak_running = max(peak_running, running_trajectories(port))
+        peak_running = max(peak_running, running_trajectories(env))
         await asyncio.sleep(0.25)
     elapsed = time.monotonic() - started
     cpu = cpu_seconds(proc.pid) - base_cpu
@@ -129,10 +89,3 @@ async def _measure(harness, proc, port, groups, group_size, trajectories, turns,
                                                                        "step_latency_s": step_s},
             "rows": rows}
 
-
-def env_ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False

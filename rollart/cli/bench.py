@@ -144,6 +144,15 @@ def engine_executor_cmd(config: ConfigOption = None, out: OutOption = None, conc
                   f"uni over mp: {result['tokens_ratio']:.2f}x")
 
 
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> tuple[str, ...]:
+    """One of ``choices``, or all of them for "both"."""
+    if value == "both":
+        return choices
+    if value not in choices:
+        raise typer.BadParameter(f"{option} must be {', '.join(choices)} or both, not {value!r}")
+    return (value,)
+
+
 @bench_app.command("pipeline-efficiency")
 def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
                  max_tokens: int = 8, repeats: int = 3,
@@ -154,16 +163,18 @@ def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectorie
                      "--guarantees", help="at_least_once then exactly_once, side by side (Apache Kafka)")] = False,
                  transport: Annotated[str, typer.Option(
                      help="bus | direct | both: the turn transports measured (generation.transport)")] = "both",
+                 layout: Annotated[str, typer.Option(
+                     help="one-process | env-process | both: the env stage in this process beside generation, "
+                          "or as its own process (as deployed)")] = "both",
                  ) -> None:
     """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn overhead p50/p99, per
-    turn transport (the bus, or direct to the generation member)."""
+    turn transport (the bus, or direct to the generation member) and env layout."""
     from rollart.bench.brokers import per_broker
-    from rollart.bench.pipeline import bench_pipeline, bench_pipeline_guarantees
+    from rollart.bench.pipeline import LAYOUTS, TRANSPORTS, bench_pipeline, bench_pipeline_guarantees
 
-    if transport not in ("bus", "direct", "both"):
-        raise typer.BadParameter(f"--transport must be bus, direct or both, not {transport!r}")
-    transports = ("bus", "direct") if transport == "both" else (transport,)
-    bench = functools.partial(bench_pipeline_guarantees if guarantees else bench_pipeline, transports=transports)
+    transports, layouts = _choice("--transport", transport, TRANSPORTS), _choice("--layout", layout, LAYOUTS)
+    bench = functools.partial(bench_pipeline_guarantees if guarantees else bench_pipeline, transports=transports,
+                              layouts=layouts)
 
     async def measure(config, work, **kwargs):
         if broker is None:

@@ -46,6 +46,33 @@ async def test_traj_vs_batch_runs_both_schedules(endpoints, engine, chat, tiny_m
         assert row["speedup"] == pytest.approx(row["batch_s"] / row["trajectory_s"], rel=0.01)
 
 
+def test_overhead_quantiles_count_only_the_turns_between_two_reads():
+    from rollart.bench.pipeline import quantiles_between
+
+    inf = float("inf")
+    warm_up = {0.01: 10.0, 0.1: 10.0, inf: 10.0}  # 10 fast turns before the measured runs
+    after = {0.01: 10.0, 0.1: 30.0, inf: 30.0}  # then 20 in (10 ms, 100 ms]
+    p50, p99 = quantiles_between(warm_up, after, 0.5, 0.99)
+    assert p50 == pytest.approx(0.055) and p99 == pytest.approx(0.0991)  # over all 30 the p50 would be 32.5 ms
+
+
+async def test_pipeline_bench_runs_the_env_stage_as_its_own_process(tmp_path, endpoints, engine, chat, tiny_model):
+    """The deployed layout: ``rollart consume env`` in its own process, the overhead read from its /metrics."""
+    from rollart.bench.pipeline import measure_pipeline
+    from rollart.bench.session import BenchSession
+    from tests.conftest import make_config
+
+    session = BenchSession(make_config(endpoints), endpoints, engine, chat, tiny_model)
+    figure, rows = await measure_pipeline(session, tmp_path, "direct", "env-process", trajectories=8, turns=2,
+                                          max_tokens=2, repeats=1)
+    assert figure["pipeline"] == "direct, env-process"
+    assert figure["turns_measured"] == 8 * 2  # the measured run's turns; the warm-up's are left out
+    assert 0 <= figure["overhead_p50_s"] <= figure["overhead_p99_s"] < 60
+    raw, pipeline, overhead = rows
+    assert raw["tokens"] > 0 and pipeline["tokens"] > 0 and figure["efficiency"] > 0
+    assert overhead["p50_ms"] == pytest.approx(figure["overhead_p50_s"] * 1000)
+
+
 def test_serverless_reward_scores_every_burst(tmp_path, stack, tiny_model):
     data = bench(tmp_path, stack, tiny_model, "serverless-reward", "--bursts", "2", "--burst", "16", "--gap-s", "0.5")
     dedicated, serverless = data["rows"]
