@@ -12,9 +12,11 @@ same engine, the same number in flight, run two ways:
   client, so every turn's Python waits behind every other's), or as its own process (``rollart
   consume env``, as deployed; its overhead histogram read from its /metrics).
 
-Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the env's
-round trip minus the engine's own time for the request (``rollart_env_generation_overhead_seconds``),
-p50/p99 from that histogram, as Grafana would show it.
+Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the time from
+the env's request to its result's arrival at the env member, minus the engine's own time for the request
+(``rollart_env_generation_overhead_seconds``); beside it the env member's own wait from that arrival to
+the trajectory resuming (``rollart_env_turn_resume_wait_seconds``: its event loop busy with the other
+trajectories' turns). p50/p99 from those histograms over the measured runs, as Grafana would show them.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ async def _pipeline(harness, prefix: str, n: int, group_size: int) -> tuple[floa
 
 
 OVERHEAD = "rollart_env_generation_overhead_seconds"
+RESUME_WAIT = "rollart_env_turn_resume_wait_seconds"
 TRANSPORTS = ("bus", "direct")
 # Where the env stage runs: in this process beside generation (one event loop for env, generation and
 # the engine's client), or as its own process, as deployed (``rollart consume env``).
@@ -80,10 +83,15 @@ LAYOUTS = ("one-process", "env-process")
 Buckets = dict[float, float]
 
 
-def local_buckets(name: str, labels: dict[str, str]) -> Buckets:
-    """A histogram's cumulative buckets in this process's registry (the series with ``labels``)."""
-    return {float(sample.labels["le"]): sample.value for metric in REGISTRY.collect() for sample in metric.samples
-            if sample.name == f"{name}_bucket" and all(sample.labels.get(k) == v for k, v in labels.items())}
+def local_buckets(name: str, job: str) -> Buckets:
+    """A histogram's cumulative buckets in this process's registry, summed over the job's series."""
+    buckets: Buckets = {}
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.name == f"{name}_bucket" and sample.labels.get("job") == job:
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return buckets
 
 
 def quantiles_between(before: Buckets, after: Buckets, *qs: float) -> list[float]:
@@ -94,16 +102,16 @@ def quantiles_between(before: Buckets, after: Buckets, *qs: float) -> list[float
 
 @contextlib.asynccontextmanager
 async def pipeline_under(session: BenchSession, cfg: RollartConfig, layout: str,
-                         work_dir: Path) -> AsyncIterator[tuple[Any, Callable[[], Buckets]]]:
-    """The pipeline of ``cfg`` with its env stage where ``layout`` says, and a read of the env's
-    per-turn overhead buckets."""
+                         work_dir: Path) -> AsyncIterator[tuple[Any, Callable[[str], Buckets]]]:
+    """The pipeline of ``cfg`` with its env stage where ``layout`` says, and a read of the env stage's
+    histograms (by name)."""
     async with session.harness(cfg, env=layout == "one-process") as harness:
         if layout == "one-process":
-            yield harness, lambda: local_buckets(OVERHEAD, {"job": cfg.job, "pool": BENCH_POOL})
+            yield harness, lambda name: local_buckets(name, cfg.job)
             return
         async with env_process(cfg, work_dir, name=cfg.job) as env:
-            def read() -> Buckets:
-                sample = env.histogram(OVERHEAD)
+            def read(name: str) -> Buckets:
+                sample = env.histogram(name)
                 return sample.buckets if sample is not None else {}
             yield harness, read
 
@@ -146,24 +154,27 @@ async def measure_pipeline(session: BenchSession, work_dir: Path, transport: str
                          env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}},
                          generation={"transport": transport})
     runs: dict[str, list[tuple[float, int]]] = {"raw": [], "pipeline": []}
-    async with pipeline_under(session, cfg, layout, work_dir) as (harness, overhead):
+    async with pipeline_under(session, cfg, layout, work_dir) as (harness, histogram):
         await harness.ready()
         await _pipeline(harness, "warmup-", 8, 8)
-        before = overhead()
+        before = {name: histogram(name) for name in (OVERHEAD, RESUME_WAIT)}
         for rep in range(repeats):
             for mode in (("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw")):
                 if mode == "raw":
                     runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
                 else:
                     runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
-        after = overhead()
-    p50, p99 = quantiles_between(before, after, 0.5, 0.99)
+        after = {name: histogram(name) for name in (OVERHEAD, RESUME_WAIT)}
+    p50, p99 = quantiles_between(before[OVERHEAD], after[OVERHEAD], 0.5, 0.99)
+    wait50, wait99 = quantiles_between(before[RESUME_WAIT], after[RESUME_WAIT], 0.5, 0.99)
     raw, pipeline = _row(f"raw (beside {name})", runs["raw"], trajectories), \
         _row(f"pipeline, {name}", runs["pipeline"], trajectories)
     figure = {"pipeline": name, "transport": transport, "layout": layout,
               "efficiency": pipeline["tokens_per_s"] / raw["tokens_per_s"], "overhead_p50_s": p50,
-              "overhead_p99_s": p99, "turns_measured": after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)}
-    return figure, [raw, pipeline, {"mode": f"{name}: overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000}]
+              "overhead_p99_s": p99, "resume_wait_p50_s": wait50, "resume_wait_p99_s": wait99,
+              "turns_measured": after[OVERHEAD].get(float("inf"), 0.0) - before[OVERHEAD].get(float("inf"), 0.0)}
+    return figure, [raw, pipeline, {"mode": f"{name}: overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000},
+                    {"mode": f"{name}: env member's wait to resume", "p50_ms": wait50 * 1000, "p99_ms": wait99 * 1000}]
 
 
 def _row(mode: str, results: list[tuple[float, int]], trajectories: int) -> dict[str, Any]:

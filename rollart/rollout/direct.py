@@ -34,6 +34,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from rollart.messages import DEFAULT_CODEC, Abort, GenerationRequest, GenerationResult
 from rollart.messages.codec import H_SCHEMA, Codec
+from rollart.rollout.replies import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class _Peer:
     address: str
     socket: zmq.asyncio.Socket
     up: asyncio.Event = field(default_factory=asyncio.Event)
-    pending: dict[bytes, asyncio.Future[tuple[bytes, bytes, bytes]]] = field(default_factory=dict)
+    pending: dict[bytes, asyncio.Future[tuple[bytes, bytes, bytes, float]]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     given_up_at: float = 0.0  # when a connect last timed out (not tried again for a while)
 
@@ -192,10 +193,10 @@ class DirectClient:
         self._ids = itertools.count()
 
     async def request(self, addresses: list[str], build: Callable[[int], GenerationRequest],
-                      *, first_attempt: int = 0) -> tuple[GenerationResult | None, int]:
+                      *, first_attempt: int = 0) -> tuple[Delivery | None, int]:
         """Send ``build(attempt)`` to the trajectory's member among ``addresses`` and wait for its result.
-        Returns (result, next attempt); the result is None when no member could answer (the caller then
-        sends attempt ``next attempt`` over the bus). TimeoutError after ``timeout_s``."""
+        Returns (result and when it arrived, next attempt); None when no member could answer (the caller
+        then sends attempt ``next attempt`` over the bus). TimeoutError after ``timeout_s``."""
         attempt, tried = first_attempt, set()
         while True:
             request = build(attempt)
@@ -212,13 +213,13 @@ class DirectClient:
                 return None, attempt + 1
             attempt += 1
 
-    async def _exchange(self, peer: _Peer, request: GenerationRequest) -> GenerationResult:
+    async def _exchange(self, peer: _Peer, request: GenerationRequest) -> Delivery:
         request_id = next(self._ids).to_bytes(8, "big")
-        future: asyncio.Future[tuple[bytes, bytes, bytes]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[bytes, bytes, bytes, float]] = asyncio.get_running_loop().create_future()
         peer.pending[request_id] = future
         try:
             await peer.socket.send_multipart([request_id, REQUEST, self.codec.schema(request), self.codec.encode_value(request)])
-            status, schema, payload = await asyncio.wait_for(future, self.timeout_s)
+            status, schema, payload, arrived = await asyncio.wait_for(future, self.timeout_s)
         except asyncio.TimeoutError:
             await self._cancel(peer, request)
             raise
@@ -230,7 +231,7 @@ class DirectClient:
         if status == OK:
             result: GenerationResult = self.codec.decode(payload, [(H_SCHEMA, schema)],
                                                          accept=(GenerationResult,)).message
-            return result
+            return Delivery(result, arrived)
         if status == GONE:
             raise _Reissue()  # aborted at the member though this env still waits: ask again
         raise _Failed(payload.decode(errors="replace"))
@@ -277,10 +278,11 @@ class DirectClient:
     async def _read(self, peer: _Peer) -> None:
         while True:
             await peer.socket.poll()
-            for frames in await drain(peer.socket):
+            messages, arrived = await drain(peer.socket), time.perf_counter()
+            for frames in messages:
                 future = peer.pending.get(frames[0]) if len(frames) == 4 else None
                 if future is not None and not future.done():
-                    future.set_result((frames[1], frames[2], frames[3]))
+                    future.set_result((frames[1], frames[2], frames[3], arrived))
 
     async def _watch(self, peer: _Peer, monitor: zmq.asyncio.Socket) -> None:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from aiokafka.structs import TopicPartition
 from prometheus_client import Counter
@@ -24,6 +24,15 @@ from rollart.names import ENV_ACTIONS, gen_requests
 
 ORPHANS = Counter("rollart_bus_orphan_replies_total",
                   "Replies for no request of this member (late, after an abort or a re-issue)", ("job", "topic"))
+
+
+class Delivery(NamedTuple):
+    """A turn's result and when it reached this member (``time.perf_counter()``): the trajectory's
+    coroutine resumes later, once the member's event loop gets to it. The gap is the member's own
+    load (other trajectories' turns), not the transport's: the env stage measures the two apart."""
+
+    result: GenerationResult
+    at: float
 
 
 class NoReplyPartition(Exception):
@@ -80,7 +89,7 @@ class ReplyChannel:
         if pending is None or pending.future.done():
             ORPHANS.labels(self.rt.config.job, self.reply_topic).inc()
             return
-        pending.future.set_result(result)
+        pending.future.set_result(Delivery(result, time.perf_counter()))
 
     async def _partition(self) -> int:
         deadline = time.monotonic() + self.timeout_s
@@ -97,7 +106,7 @@ class ReplyChannel:
         return self.owned[self._next]
 
     async def request(self, build: Callable[[int, int], GenerationRequest], *,
-                      first_attempt: int = 0) -> GenerationResult:
+                      first_attempt: int = 0) -> Delivery:
         """Send ``build(reply_partition, attempt)`` and wait for its result (TimeoutError after timeout_s)."""
         attempt = first_attempt
         while True:

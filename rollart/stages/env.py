@@ -37,7 +37,7 @@ from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationReq
     SamplingParams, TaskSpec
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.direct import DirectClient
-from rollart.rollout.replies import NoReplyPartition, ReplyChannel
+from rollart.rollout.replies import Delivery, NoReplyPartition, ReplyChannel
 from rollart.rollout.routing import PoolRouter, init_fallback_metrics
 from rollart.rollout.trajectory import TrajectoryBuilder
 from rollart.runtime import Runtime
@@ -60,12 +60,17 @@ TRAJ_LATENCY = Histogram("rollart_env_trajectory_latency_seconds", "Start to end
 RESET_LATENCY = Histogram("rollart_env_reset_latency_seconds", "env.reset time", _L, buckets=_SECONDS)
 STEP_LATENCY = Histogram("rollart_env_step_latency_seconds", "env.step time", _L, buckets=_SECONDS)
 RUNNING = Gauge("rollart_env_running_trajectories", "Trajectories in progress in this member", ("job",))
-# Per LLM turn: the env's request-to-result time minus the engine's own time for the request, i.e. what
-# the bus (produce, fetch, dispatch, reply) and the generation consumer add on top of the engine.
+# Per LLM turn: from the env's request to its result reaching the member, minus the engine's own time
+# for the request, i.e. what the transport (bus: produce, fetch, dispatch, reply; or the direct socket)
+# and the generation member add on top of the engine. The member's own wait after that (its event loop
+# busy with other trajectories' turns) is RESUME_WAIT: a saturated env member is not a slow transport.
+_FAST = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
 GENERATION_OVERHEAD = Histogram("rollart_env_generation_overhead_seconds",
-                                "Per turn: round trip seen by the env minus the engine's time (the bus's tax)",
-                                ("job", "pool"), buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
-                                                          0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5))
+                                "Per turn: request to result's arrival at the env minus the engine's time "
+                                "(the transport's and the generation member's tax)", ("job", "pool"), buckets=_FAST)
+RESUME_WAIT = Histogram("rollart_env_turn_resume_wait_seconds",
+                        "Per turn: result's arrival at the env member to its trajectory resuming (the member's "
+                        "event loop busy with other trajectories)", ("job",), buckets=_FAST)
 TURNS_BY_TRANSPORT = Counter("rollart_env_generation_turns_total", "LLM turns, by the path they took (direct or bus)",
                              ("job", "pool", "transport"))
 GROUPS = Counter("rollart_env_groups_total", "Task groups finished, complete or not", ("job", "tag", "outcome"))
@@ -279,18 +284,19 @@ class EnvManager:
 
         started = time.perf_counter()
         try:
-            result, transport = await self._exchange(pool, build)
+            (result, arrived), transport = await self._exchange(pool, build)
         except asyncio.TimeoutError:
             raise TrajectoryAborted("generation_timeout") from None
         except NoReplyPartition:
             raise TrajectoryAborted("ownership_lost") from None
-        round_trip = time.perf_counter() - started
+        resumed = time.perf_counter()
         TURNS_BY_TRANSPORT.labels(self.config.job, pool, transport).inc()
-        builder.add_time("generation", round_trip)
-        GENERATION_OVERHEAD.labels(self.config.job, pool).observe(max(0.0, round_trip - result.latency_s))
+        builder.add_time("generation", resumed - started)
+        GENERATION_OVERHEAD.labels(self.config.job, pool).observe(max(0.0, arrived - started - result.latency_s))
+        RESUME_WAIT.labels(self.config.job).observe(resumed - arrived)
         return result
 
-    async def _exchange(self, pool: str, build: Callable[[int, int], GenerationRequest]) -> tuple[GenerationResult, str]:
+    async def _exchange(self, pool: str, build: Callable[[int, int], GenerationRequest]) -> tuple[Delivery, str]:
         """The turn's result and the path it took: direct to a member when one advertises it, else
         (and for what the direct path hands back) over the bus."""
         if self.direct is None:
@@ -301,9 +307,9 @@ class EnvManager:
         attempt = 0
         addresses = self.router.direct_addresses(pool)
         if addresses:
-            result, attempt = await self.direct.request(addresses, lambda attempt: build(0, attempt))
-            if result is not None:
-                return result, "direct"
+            delivery, attempt = await self.direct.request(addresses, lambda attempt: build(0, attempt))
+            if delivery is not None:
+                return delivery, "direct"
         return await self.replies.request(build, first_attempt=attempt), "bus"
 
     async def _check_staleness(self, builder: TrajectoryBuilder) -> None:

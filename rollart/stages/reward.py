@@ -116,7 +116,7 @@ class RewardBridge:
                                      sampling=sampling, created_at=time.time())
 
         try:
-            verdict = await asyncio.wait_for(self.judge.request(build), spec.timeout_s)
+            verdict = (await asyncio.wait_for(self.judge.request(build), spec.timeout_s)).result
         except (asyncio.TimeoutError, NoReplyPartition) as exc:
             raise RewardCallFailed(f"judge pool {spec.pool} gave no verdict: {type(exc).__name__}", False) from None
         score = extract_answer(self.chat.decode_action(verdict.token_ids))

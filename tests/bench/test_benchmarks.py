@@ -68,9 +68,11 @@ async def test_pipeline_bench_runs_the_env_stage_as_its_own_process(tmp_path, en
     assert figure["pipeline"] == "direct, env-process"
     assert figure["turns_measured"] == 8 * 2  # the measured run's turns; the warm-up's are left out
     assert 0 <= figure["overhead_p50_s"] <= figure["overhead_p99_s"] < 60
-    raw, pipeline, overhead = rows
+    raw, pipeline, overhead, resume = rows
     assert raw["tokens"] > 0 and pipeline["tokens"] > 0 and figure["efficiency"] > 0
     assert overhead["p50_ms"] == pytest.approx(figure["overhead_p50_s"] * 1000)
+    assert 0 <= figure["resume_wait_p50_s"] <= figure["resume_wait_p99_s"] < 60
+    assert resume["p99_ms"] == pytest.approx(figure["resume_wait_p99_s"] * 1000)
 
 
 def test_serverless_reward_scores_every_burst(tmp_path, stack, tiny_model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from zlib import crc32
 
 import pytest
@@ -84,8 +85,11 @@ async def test_a_turn_is_answered_by_a_member_with_the_message_intact(client):
     member = Member("m0")
     before = DIRECT_TURNS.labels("test", "m0", "ok")._value.get()
     try:
-        result, next_attempt = await client.request([member.server.address], lambda attempt: request(attempt=attempt))
-        assert result is not None and next_attempt == 1
+        sent = time.perf_counter()
+        delivery, next_attempt = await client.request([member.server.address], lambda attempt: request(attempt=attempt))
+        assert delivery is not None and next_attempt == 1
+        assert sent < delivery.at <= time.perf_counter()  # when the result reached this side
+        result = delivery.result
         assert list(result.token_ids) == [3, 2, 1] and list(result.versions) == [7, 7, 7]
         assert result.instance == "m0" and result.traj_id == "g0-t0"
         assert member.served[0] == request()  # decoded back to the request that was built
@@ -125,8 +129,9 @@ async def test_a_member_that_dies_mid_request_hands_the_turn_to_another_as_the_n
             await asyncio.sleep(0.01)
         assert first.served, "the sticky member never got the request"
         await first.crash()
-        result, next_attempt = await asyncio.wait_for(pending, 8.0)
-        assert result is not None and result.instance == "second" and result.attempt == 1 and next_attempt == 2
+        delivery, next_attempt = await asyncio.wait_for(pending, 8.0)
+        assert delivery is not None and next_attempt == 2
+        assert delivery.result.instance == "second" and delivery.result.attempt == 1
     finally:
         await second.stop()
 
@@ -176,8 +181,8 @@ async def test_a_result_aborted_at_the_member_is_asked_again_elsewhere(client):
     try:
         addresses = [gone.server.address, alive.server.address]
         for i in range(6):
-            result, _ = await client.request(addresses, lambda attempt, i=i: request(f"g1-t{i}", attempt))
-            assert result is not None and result.instance == "alive"
+            delivery, _ = await client.request(addresses, lambda attempt, i=i: request(f"g1-t{i}", attempt))
+            assert delivery is not None and delivery.result.instance == "alive"
         assert gone.served, "no trajectory was placed on the member that aborts"
     finally:
         await gone.stop()
@@ -196,8 +201,8 @@ async def test_stop_answers_what_is_in_flight_before_the_server_closes(client):
         await asyncio.sleep(0.2)
         assert not member.task.done()  # still holding the request in flight
         member.release.set()
-        result, _ = await asyncio.wait_for(pending, 5.0)
-        assert result is not None and result.instance == "m0"
+        delivery, _ = await asyncio.wait_for(pending, 5.0)
+        assert delivery is not None and delivery.result.instance == "m0"
         await asyncio.wait_for(member.task, 5.0)
     finally:
         await member.stop()
@@ -218,8 +223,8 @@ async def test_sockets_of_members_no_longer_live_are_closed(client):
         assert set(client.peers) == {gone.server.address, alive.server.address}
         await client.retain({alive.server.address})
         assert set(client.peers) == {alive.server.address}
-        result, _ = await client.request([alive.server.address], lambda a: request(attempt=a))
-        assert result is not None and result.instance == "alive"
+        delivery, _ = await client.request([alive.server.address], lambda a: request(attempt=a))
+        assert delivery is not None and delivery.result.instance == "alive"
     finally:
         await gone.stop()
         await alive.stop()

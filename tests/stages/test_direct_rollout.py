@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 
 from rollart.bus.reader import read_to_end
-from rollart.stages.env import TURNS_BY_TRANSPORT
+from rollart.stages.env import GENERATION_OVERHEAD, RESUME_WAIT, TURNS_BY_TRANSPORT
 
 GRID = {"env": "frozenlake", "reward": {"type": "env"}}
 DIRECT = {"transport": "direct"}
+
+
+def observed(histogram) -> float:
+    return next(s.value for m in histogram.collect() for s in m.samples if s.name.endswith("_count"))
 
 
 def turns(harness, transport: str) -> float:
@@ -23,11 +27,15 @@ async def requests_on_the_bus(harness) -> int:
 
 @pytest.mark.rollout(tags={"frozenlake": GRID}, generation=DIRECT)
 async def test_turns_go_direct_and_trajectories_are_recorded_as_over_the_bus(harness, chat):
+    job = harness.config.job
     await harness.submit("d1", "frozenlake", group_size=3, seed=1)
     await harness.wait_groups({"d1": 3})
     trajectories = [harness.completed[t] for t in harness.ended("d1")["completed"]]
     assert len(trajectories) == 3
     assert turns(harness, "direct") == sum(t.turns for t in trajectories)
+    # every turn's time split: the transport's and member's tax, then the env member's own wait to resume
+    overhead, resume = observed(GENERATION_OVERHEAD.labels(job, "p1")), observed(RESUME_WAIT.labels(job))
+    assert overhead == resume == sum(t.turns for t in trajectories)
     assert turns(harness, "bus") == 0 and await requests_on_the_bus(harness) == 0
     for t in trajectories:  # the durable record is the same: tokens, logprobs and versions of every turn
         generated = [i for i, m in enumerate(t.loss_mask) if m]
