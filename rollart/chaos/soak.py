@@ -13,7 +13,7 @@ warm-up, first weight sync: memory that is allocated once), the trend of each st
 Throughput is reported per window from the trainer's record, so a stream that slowed (and so stopped
 allocating) is not mistaken for a flat one, and so is the per-turn bus overhead (the env members'
 ``rollart_env_generation_overhead_seconds``, scraped from their /metrics each sample): ``overhead_drift``
-compares its mean over the last fifth of the windows with the first fifth's.
+compares its mean over the last fifth of the whole windows after the warm-up with the first fifth's.
 """
 
 from __future__ import annotations
@@ -175,19 +175,24 @@ def soak_result(sampler: MemorySampler, record: list[dict], report: dict, *, dur
         "trajectories_trained": sum(len(r.get("traj_ids", ())) for r in record if "event" not in r),
         "stages": stages, "flat": bool(judged) and all(judged) and len(judged) == len(stages),
         "throughput": throughput_windows(record, sampler.started, max(60.0, duration_s / 10)),
-        **overhead_figures(sampler.overhead, max(60.0, duration_s / 10)),
+        **overhead_figures(sampler.overhead, max(60.0, duration_s / 10), warmup_s=warmup_s),
         "restarts": report["restarts"],
     }
 
 
-def overhead_figures(series: dict[str, list[scrape.HistogramSample]], window_s: float) -> dict[str, Any]:
-    """The per-turn bus overhead per window, and its drift: last fifth of the windows over the first."""
+def overhead_figures(series: dict[str, list[scrape.HistogramSample]], window_s: float, *,
+                     warmup_s: float = 0.0) -> dict[str, Any]:
+    """The per-turn overhead per window, and its drift: the mean over the last fifth of the whole
+    windows after the warm-up against the first fifth's. The engine's warm-up turns and a window the
+    run's end cut short would otherwise weigh like whole minutes of the steady stream."""
     rows = scrape.windows(series, 0.0, window_s)
-    means = [r["mean_s"] for r in rows if r["mean_s"] is not None]
+    end = max((sample.at for samples in series.values() for sample in samples), default=0.0)
+    means = [r["mean_s"] for r in rows
+             if r["mean_s"] is not None and r["from_s"] >= warmup_s and r["from_s"] + window_s <= end]
     drift = None
     if len(means) >= 2:
         fifth = max(1, len(means) // 5)
         first, last = statistics.mean(means[:fifth]), statistics.mean(means[-fifth:])
         drift = {"first_fifth_mean_s": round(first, 6), "last_fifth_mean_s": round(last, 6),
-                 "ratio": round(last / first, 3) if first else None}
+                 "ratio": round(last / first, 3) if first else None, "windows_judged": len(means)}
     return {"turn_overhead": rows, "overhead_drift": drift}

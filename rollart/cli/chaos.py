@@ -102,10 +102,15 @@ def soak_cmd(config_path: Annotated[Optional[Path], typer.Argument(help="Job con
     console.print(table)
     console.print("throughput (trajectories/min): " + ", ".join(
         f"{w['from_s']}s {w['trajectories_per_min']}" for w in result["throughput"]))
-    console.print("per-turn bus overhead, mean ms: " + ", ".join(
-        f"{w['from_s']}s {w['mean_s'] * 1000:.1f}" for w in result["turn_overhead"] if w["mean_s"] is not None))
-    if result["overhead_drift"]:
-        console.print(f"overhead drift (last fifth / first fifth): {result['overhead_drift']['ratio']}")
+    console.print("per-turn overhead, mean / p50 ms: " + ", ".join(
+        f"{w['from_s']}s {w['mean_s'] * 1000:.1f} / {(w.get('p50_s') or 0) * 1000:.1f}"
+        for w in result["turn_overhead"] if w["mean_s"] is not None))
+    drift = result["overhead_drift"]
+    if drift:
+        console.print(f"overhead drift (last fifth / first fifth of {drift['windows_judged']} whole windows after "
+                      f"the warm-up): {drift['ratio']}")
+    else:
+        console.print("overhead drift: fewer than 2 whole windows after the warm-up (a longer --minutes)")
     console.print(f"result: {out}")
     if not result["flat"]:
         raise typer.Exit(1)
