@@ -198,8 +198,11 @@ class GenerationConfig(Section):
     max_model_len: int = Field(default=2048, ge=64)
     max_concurrency: int = Field(default=64, ge=1)  # requests in flight per generation consumer
     kv_cache_gb: float = Field(default=1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU
-    # CPU: sleep between the engine's internal queue polls instead of spinning (rollart/engines/vllm_plugin.py)
-    engine_poll_sleep_us: int = Field(default=200, ge=0, le=100_000)
+    # CPU: how the engine's internal queue readers wait between steps instead of spinning
+    # (rollart/engines/vllm_plugin.py): on the writer's notification, a poll sleep, or vLLM's own spin
+    engine_wait: Literal["notify", "sleep", "spin"] = "notify"
+    engine_poll_sleep_us: int = Field(default=200, ge=0, le=100_000)  # the polls' sleep (sleep, notify)
+    engine_notify_after_us: int = Field(default=1000, ge=0, le=1_000_000)  # notify: poll this long first
     # CPU plan: vLLM's VLLM_CPU_OMP_THREADS_BIND ("auto": it reserves a core for its scheduler and
     # binds the rest; "nobind"; or CPU ids such as "1" or "0-3"); None leaves the environment's
     omp_threads_bind: str | None = Field(default=None, pattern=r"^(auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$")

@@ -7,6 +7,17 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), f"rollart needs Python 3.11, found {sys.version}"'
+# A fresh .venv takes ~7.5 GiB (torch with its CUDA libraries, vLLM, Megatron-core, Kafka's jars); pip
+# stopping half-way on a full disk leaves a venv that imports nothing, so say so before starting.
+NEED_GIB=${ROLLART_INSTALL_NEED_GIB:-9}
+if [ ! -x .venv/bin/python ]; then
+  FREE_GIB=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+  if [ "${FREE_GIB:-0}" -lt "$NEED_GIB" ]; then
+    echo "install.sh: $PWD has ${FREE_GIB} GiB free; a fresh install needs about $NEED_GIB GiB" \
+         "(set ROLLART_INSTALL_NEED_GIB to override)" >&2
+    exit 1
+  fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip install --quiet)
 

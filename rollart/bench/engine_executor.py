@@ -8,7 +8,12 @@ The same model and engine settings, started once with each executor (``generatio
 
 Reported for each: seconds to start the engine (construct and warm up), the median latency of one
 request alone (``max_tokens`` tokens: the per-turn cost at low load) and tokens/s with
-``concurrency`` requests in flight. Ratios are mp over uni (above 1: uni is better).
+``concurrency`` requests in flight, each with the CPU it cost. Ratios are mp over uni (above 1: uni
+is better).
+
+``rollart bench engine-wait`` runs the same measurements for the ways the engine's internal queue
+readers wait between steps (``generation.engine_wait``: notify, sleep, spin): on a machine the
+engine shares, the CPU a token costs is what the rest of the loop loses.
 """
 
 from __future__ import annotations
@@ -29,31 +34,52 @@ def _request(i: int, max_tokens: int) -> GenerationRequest:
                              sampling=SamplingParams(temperature=1.0, max_tokens=max_tokens))
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and every process below it (the engine core, its worker)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in (me, *me.children(recursive=True)):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # gone between the listing and the read
+            continue
+        total += times.user + times.system
+    return total
+
+
 async def _measure(engine, *, concurrency: int, max_tokens: int, repeats: int) -> dict[str, float]:
     latencies = []
+    cpu_before = _cpu_s()
     for i in range(repeats * 10):
         started = time.perf_counter()
         await engine.generate(_request(i, max_tokens))
         latencies.append(time.perf_counter() - started)
-    rates = []
+    cpu_alone = (_cpu_s() - cpu_before) / len(latencies)
+    rates, tokens, cpu_before = [], 0, _cpu_s()
     for _ in range(repeats):
         started = time.perf_counter()
         results = await asyncio.gather(*(engine.generate(_request(i, max_tokens)) for i in range(concurrency)))
+        tokens += sum(len(r.token_ids) for r in results)
         rates.append(sum(len(r.token_ids) for r in results) / (time.perf_counter() - started))
-    return {"latency_ms": statistics.median(latencies) * 1000, "tokens_per_s": statistics.median(rates)}
+    return {"latency_ms": statistics.median(latencies) * 1000, "tokens_per_s": statistics.median(rates),
+            "cpu_ms_per_request_alone": cpu_alone * 1000, "cpu_ms_per_token": (_cpu_s() - cpu_before) / tokens * 1000}
 
 
-async def bench_engine_executor(config: RollartConfig, work_dir: Path, *, concurrency: int = 64, max_tokens: int = 8,
-                                repeats: int = 3) -> dict[str, Any]:
+async def measure_variants(config: RollartConfig, variants: dict[str, dict[str, Any]], *, concurrency: int,
+                           max_tokens: int, repeats: int) -> list[dict[str, Any]]:
+    """One row per variant (``generation`` settings over ``config``'s): the engine started with them,
+    its start time, one request's latency and CPU alone, tokens/s and CPU per token at ``concurrency``
+    in flight. CPU counts this process (the engine's client) and the engine's own processes."""
     from rollart.engines.vllm_engine import VLLMEngine
     from rollart.models.tiny import ensure_model
 
     model = ensure_model(config.model)
-    await asyncio.to_thread(__import__, "vllm.v1.engine.async_llm")  # neither start pays the import
+    await asyncio.to_thread(__import__, "vllm.v1.engine.async_llm")  # no variant's start pays the import
     rows = []
-    for executor in ("uni", "mp"):
-        engine = VLLMEngine(model, config.generation.model_copy(update={"executor": executor,
-                                                                        "max_concurrency": concurrency}))
+    for name, settings in variants.items():
+        engine = VLLMEngine(model, config.generation.model_copy(update={**settings, "max_concurrency": concurrency}))
         started = time.perf_counter()
         await engine.start()
         try:
@@ -61,8 +87,33 @@ async def bench_engine_executor(config: RollartConfig, work_dir: Path, *, concur
             figures = await _measure(engine, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
         finally:
             engine.shutdown()
-        rows.append({"mode": executor, "start_s": start_s, **figures})
+        rows.append({"mode": name, "start_s": start_s, **figures})
+    return rows
+
+
+async def bench_engine_executor(config: RollartConfig, work_dir: Path, *, concurrency: int = 64, max_tokens: int = 8,
+                                repeats: int = 3) -> dict[str, Any]:
+    rows = await measure_variants(config, {"uni": {"executor": "uni"}, "mp": {"executor": "mp"}},
+                                  concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
     uni, mp = rows
     return {"benchmark": "engine-executor", "speedup": mp["latency_ms"] / uni["latency_ms"],
             "start_ratio": mp["start_s"] / uni["start_s"], "tokens_ratio": uni["tokens_per_s"] / mp["tokens_per_s"],
+            "setup": {"concurrency": concurrency, "max_tokens": max_tokens, "repeats": repeats}, "rows": rows}
+
+
+async def bench_engine_wait(config: RollartConfig, work_dir: Path, *, concurrency: int = 64, max_tokens: int = 8,
+                            repeats: int = 3) -> dict[str, Any]:
+    """How the engine's internal queue readers wait between steps (``generation.engine_wait``), on
+    vLLM's CPU default executor (mp: the engine core hands every step to a worker process)."""
+    waits = {"notify": {"engine_wait": "notify"},
+             "sleep": {"engine_wait": "sleep", "engine_poll_sleep_us": config.generation.engine_poll_sleep_us or 200},
+             "spin": {"engine_wait": "spin"}}
+    rows = await measure_variants(config, {k: {**v, "executor": "mp"} for k, v in waits.items()},
+                                  concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
+    by = {row["mode"]: row for row in rows}
+    return {"benchmark": "engine-wait",
+            "speedup": by["sleep"]["cpu_ms_per_token"] / by["notify"]["cpu_ms_per_token"],
+            "cpu_per_token_sleep_over_notify": by["sleep"]["cpu_ms_per_token"] / by["notify"]["cpu_ms_per_token"],
+            "tokens_ratio_notify_over_sleep": by["notify"]["tokens_per_s"] / by["sleep"]["tokens_per_s"],
+            "latency_ratio_notify_over_sleep": by["notify"]["latency_ms"] / by["sleep"]["latency_ms"],
             "setup": {"concurrency": concurrency, "max_tokens": max_tokens, "repeats": repeats}, "rows": rows}

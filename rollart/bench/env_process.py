@@ -30,23 +30,25 @@ class EnvProcess:
     port: int
     log: Path
 
+    def _get(self, path: str) -> tuple[int, bytes] | None:
+        """(status, body) of a GET on the process's metrics port; None while it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as response:
+                return int(response.status), bytes(response.read())
+        except OSError:
+            return None
+
     def metrics(self) -> str:
         """The process's /metrics text ("" while it does not answer)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
-                return str(response.read().decode())
-        except OSError:
-            return ""
+        answer = self._get("/metrics")
+        return answer[1].decode() if answer else ""
 
     def histogram(self, name: str) -> HistogramSample | None:
         return parse_histogram(self.metrics(), name, time.monotonic())
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        answer = self._get("/readyz")
+        return answer is not None and answer[0] == 200
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:

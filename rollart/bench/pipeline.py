@@ -157,14 +157,14 @@ async def measure_pipeline(session: BenchSession, work_dir: Path, transport: str
     async with pipeline_under(session, cfg, layout, work_dir) as (harness, histogram):
         await harness.ready()
         await _pipeline(harness, "warmup-", 8, 8)
-        before = {name: histogram(name) for name in (OVERHEAD, RESUME_WAIT)}
+        before = {metric: histogram(metric) for metric in (OVERHEAD, RESUME_WAIT)}
         for rep in range(repeats):
             for mode in (("raw", "pipeline") if rep % 2 == 0 else ("pipeline", "raw")):
                 if mode == "raw":
                     runs[mode].append(await _raw(session, f"raw{rep}-", trajectories, turns, max_tokens))
                 else:
                     runs[mode].append(await _pipeline(harness, f"p{rep}-", trajectories, 8))
-        after = {name: histogram(name) for name in (OVERHEAD, RESUME_WAIT)}
+        after = {metric: histogram(metric) for metric in (OVERHEAD, RESUME_WAIT)}
     p50, p99 = quantiles_between(before[OVERHEAD], after[OVERHEAD], 0.5, 0.99)
     wait50, wait99 = quantiles_between(before[RESUME_WAIT], after[RESUME_WAIT], 0.5, 0.99)
     raw, pipeline = _row(f"raw (beside {name})", runs["raw"], trajectories), \

@@ -75,10 +75,13 @@ async def bench_time_to_quality(config: RollartConfig, work_dir: Path, *, job_ya
         record, started_at = await runs[mode]()
         rows.append({"mode": mode, **time_to_target(record, started_at, target=target, window=window)})
     by_mode = {r["mode"]: r for r in rows}
+    missed = [r["mode"] for r in rows if r["seconds_to_target"] is None]
     result: dict[str, Any] = {"benchmark": "time-to-quality", "target": target, "window_steps": window,
                               "setup": {"steps": steps, "config": str(job_yaml), "alpha": config.feeder.alpha,
                                         "batch": config.feeder.groups_per_batch * config.feeder.group_size},
                               "rows": rows}
+    if missed:  # the runs' records (grad norms, importance weights) tell a collapse from slow learning
+        result["keep_work_dir"] = f"did not reach {target:.0%}: {', '.join(missed)}"
     if len(by_mode) == 2:
         pipe, local = by_mode["pipeline"], by_mode["in-process"]
         both = pipe["seconds_to_target"] is not None and local["seconds_to_target"] is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -49,8 +50,16 @@ def run_benchmark(config_path: Path | None, out: Path | None, measure: Callable[
     except ConfigError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    with tempfile.TemporaryDirectory(prefix="rollart-bench-") as work:
-        result = asyncio.run(measure(config, Path(work), **kwargs))
+    work = Path(tempfile.mkdtemp(prefix="rollart-bench-"))
+    try:
+        result = asyncio.run(measure(config, work, **kwargs))
+    except BaseException:
+        Console(stderr=True).print(f"the benchmark failed; its runs' files are kept in {work}")
+        raise
+    if result.get("keep_work_dir"):  # e.g. a run that did not learn: its record is the evidence
+        console.print(f"kept for inspection ({result['keep_work_dir']}): {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     print_result(result, columns, headline)
     write_result(result, out)
     if out:
@@ -131,17 +140,32 @@ def data_parallel_cmd(config: ConfigOption = None, out: OutOption = None,
     console.print(f"largest loss difference between the two: {result['loss_max_abs_diff']:.2e}")
 
 
+ENGINE_COLUMNS = ["mode", "start_s", "latency_ms", "tokens_per_s", "cpu_ms_per_request_alone", "cpu_ms_per_token"]
+
+
 @bench_app.command("engine-executor")
 def engine_executor_cmd(config: ConfigOption = None, out: OutOption = None, concurrency: int = 64,
                         max_tokens: int = 8, repeats: int = 3) -> None:
     """vLLM's uni executor beside its mp one (the CPU default): start, one request's latency, tokens/s."""
     from rollart.bench.engine_executor import bench_engine_executor
 
-    result = run_benchmark(config, out, bench_engine_executor, ["mode", "start_s", "latency_ms", "tokens_per_s"],
-                           "one request's latency, mp over uni", concurrency=concurrency, max_tokens=max_tokens,
-                           repeats=repeats)
+    result = run_benchmark(config, out, bench_engine_executor, ENGINE_COLUMNS, "one request's latency, mp over uni",
+                           concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
     console.print(f"start, mp over uni: {result['start_ratio']:.2f}x; tokens/s at {concurrency} in flight, "
                   f"uni over mp: {result['tokens_ratio']:.2f}x")
+
+
+@bench_app.command("engine-wait")
+def engine_wait_cmd(config: ConfigOption = None, out: OutOption = None, concurrency: int = 64,
+                    max_tokens: int = 8, repeats: int = 3) -> None:
+    """How the engine's queue readers wait between steps (notify, sleep, spin): latency, tokens/s and
+    the CPU each costs."""
+    from rollart.bench.engine_executor import bench_engine_wait
+
+    result = run_benchmark(config, out, bench_engine_wait, ENGINE_COLUMNS, "CPU per token, sleep over notify",
+                           concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
+    console.print(f"notify over sleep: tokens/s {result['tokens_ratio_notify_over_sleep']:.2f}x, "
+                  f"one request's latency {result['latency_ratio_notify_over_sleep']:.2f}x")
 
 
 def _choice(option: str, value: str, choices: tuple[str, ...]) -> tuple[str, ...]:

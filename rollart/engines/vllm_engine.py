@@ -45,10 +45,12 @@ class VLLMEngine:
 
     async def start(self) -> "VLLMEngine":
         from rollart.bus.stopping import interruptible
-        from rollart.engines.vllm_plugin import POLL_SLEEP_ENV
+        from rollart.engines.vllm_plugin import ENGINE_WAIT_ENV, NOTIFY_AFTER_ENV, POLL_SLEEP_ENV
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
-        os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)  # for vLLM's own processes
+        os.environ[ENGINE_WAIT_ENV] = self.config.engine_wait  # for vLLM's own processes
+        os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)
+        os.environ[NOTIFY_AFTER_ENV] = str(self.config.engine_notify_after_us)
         if self.config.omp_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.omp_threads_bind
         executor = None if self.config.executor == "auto" else self.config.executor

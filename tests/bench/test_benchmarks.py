@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +224,29 @@ async def test_engine_executor_measures_latency_alone_and_tokens_in_flight(engin
 
     figures = await _measure(engine, concurrency=4, max_tokens=3, repeats=1)
     assert figures["latency_ms"] > 0 and figures["tokens_per_s"] > 0
+    # the engine runs in this process (uni): its CPU is counted, per request alone and per token in flight
+    assert figures["cpu_ms_per_request_alone"] > 0 and figures["cpu_ms_per_token"] > 0
+
+
+def test_a_benchmark_keeps_its_work_dir_when_it_fails_or_asks_and_removes_it_otherwise():
+    from rollart.cli.bench import run_benchmark
+
+    dirs: dict[str, Path] = {}
+
+    def measuring(name: str, outcome):
+        async def measure(config, work: Path) -> dict:
+            (work / "record.jsonl").write_text("{}\n")  # what a run leaves
+            dirs[name] = work
+            if isinstance(outcome, Exception):
+                raise outcome
+            return {"benchmark": name, "rows": [], **outcome}
+        return measure
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        run_benchmark(None, None, measuring("failed", RuntimeError("engine died")), ["mode"], "-")
+    run_benchmark(None, None, measuring("missed", {"keep_work_dir": "did not reach 90%: pipeline"}), ["mode"], "-")
+    run_benchmark(None, None, measuring("fine", {}), ["mode"], "-")
+    assert (dirs["failed"] / "record.jsonl").exists() and (dirs["missed"] / "record.jsonl").exists()
+    assert not dirs["fine"].exists()
+    for name in ("failed", "missed"):
+        shutil.rmtree(dirs[name])

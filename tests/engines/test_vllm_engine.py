@@ -38,16 +38,23 @@ async def test_uni_runs_the_model_in_the_engine_core(engine):
 @pytest.mark.timeout(300)
 async def test_auto_after_a_uni_engine_is_vllms_own_choice(engine, tiny_model):
     """An "auto" engine started in a process whose uni engine set the variable is still vLLM's CPU
-    default: a "VLLM::Worker" process below its engine core."""
+    default: a "VLLM::Worker" process below its engine core. Its queue-wait settings are in the
+    environment vLLM's processes start with, where the plugin reads them."""
     from rollart.engines.vllm_engine import VLLMEngine
+    from rollart.engines.vllm_plugin import ENGINE_WAIT_ENV, NOTIFY_AFTER_ENV, POLL_SLEEP_ENV
 
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # the suite's uni engine set it
     before = {p.pid for p in _engine_cores()}
-    auto = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=4, max_model_len=256))
+    auto = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=4, max_model_len=256, engine_wait="sleep",
+                                                   engine_poll_sleep_us=300, engine_notify_after_us=0))
     await auto.start()
     try:
         (core,) = _engine_cores(before)
         assert len(_workers(core)) == 1, _workers(core)
+        # vLLM forks its processes from this one's environment (/proc/PID/environ keeps only the
+        # environment a process was exec'd with, so it cannot tell)
+        assert (os.environ.get(ENGINE_WAIT_ENV), os.environ.get(POLL_SLEEP_ENV),
+                os.environ.get(NOTIFY_AFTER_ENV)) == ("sleep", "300", "0")
         await _generates(auto)
     finally:
         auto.shutdown()

@@ -25,7 +25,7 @@ from tests.job.harness import finish, small_job, start, trained_steps, wait
 @pytest.mark.timeout(900)  # the run's own --timeout: a loaded 2-core machine takes well over 300 s
 def test_demo_config_learns(tmp_path):
     """The shipped demo (warm start, GRPO, alpha 1), shortened: the reward must rise."""
-    proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", "configs/demo.yaml", "--steps", "40",
+    proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", "configs/demo.yaml", "--steps", "30",
                              "--out", str(tmp_path / "demo"), "--timeout", "900"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "ROLLART_HOME": str(tmp_path / "home")})
