@@ -19,11 +19,13 @@ engine shares, the CPU a token costs is what the rest of the loop loses.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from rollart.bench.stage_cpu import tree_cpu_s
 from rollart.config import RollartConfig
 from rollart.messages import GenerationRequest, Int32Array, SamplingParams
 
@@ -36,17 +38,7 @@ def _request(i: int, max_tokens: int) -> GenerationRequest:
 
 def _cpu_s() -> float:
     """CPU seconds of this process and every process below it (the engine core, its worker)."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for proc in (me, *me.children(recursive=True)):
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # gone between the listing and the read
-            continue
-        total += times.user + times.system
-    return total
+    return tree_cpu_s(os.getpid()) or 0.0
 
 
 async def _measure(engine, *, concurrency: int, max_tokens: int, repeats: int) -> dict[str, float]:

@@ -327,6 +327,30 @@ def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", h
         console.print(f"measured on: {result['measured_on']}")
 
 
+@bench_app.command("stage-cpu")
+def stage_cpu_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job.")] = Path("configs/demo.yaml"),
+                  out: OutOption = None, steps: Annotated[int, typer.Option(min=3, help="Training steps of each run.")]
+                  = 30, skip: Annotated[int, typer.Option(min=1, help="First steps not counted (engine load, "
+                                                                       "warm-up).")] = 5,
+                  in_process: Annotated[bool, typer.Option(help="Also the in-process loop, for the ratio.")] = True) -> None:
+    """CPU per stage of a run (cores, core-seconds per trained step, CPU ms per trajectory and per turn),
+    beside the in-process loop's for the same steps."""
+    from rollart.bench.stage_cpu import bench_stage_cpu
+
+    try:
+        result = run_benchmark(config, out, bench_stage_cpu,
+                               ["mode", "stage", "processes", "cores", "core_s_per_step", "cpu_ms_per_trajectory",
+                                "cpu_ms_per_turn", "share"], "pipeline CPU per step over in-process CPU per step",
+                               job_yaml=config, steps=steps, skip=skip, in_process=in_process)
+    except ValueError as exc:  # too few steps for the window
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    for mode, figures in result["per_step"].items():
+        console.print(f"{mode}: {figures['seconds_per_step']:.2f} s per step, {figures['core_s_per_step']:.2f} "
+                      f"core-s per step, train step {figures['train_s_mean']:.2f} s, "
+                      f"{figures['turns_per_step']:.0f} turns per step")
+
+
 @bench_app.command("goodput")
 def goodput_cmd(config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Job config YAML "
                                                                "(default: the chaos job).")] = None,

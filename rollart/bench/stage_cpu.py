@@ -1,0 +1,238 @@
+"""``rollart bench stage-cpu``: where a run's CPU goes, per stage, per trained step and per turn.
+
+The job runs as ``rollart run`` runs it (every stage a supervised process on the run's own local
+stack). Every ``sample_s`` the CPU seconds (user + system) of each stage's process tree are read from
+``/proc`` (the generation stage's tree holds vLLM's engine core and worker), and so are the stack's
+services (the broker's JVM, Redis, Mooncake) and the run's supervisor (this process alone: the stages
+are its children). Over the steady steps (after ``skip``, so engine load and warm-up are not counted)
+each process's CPU is read off at the first and the last but one step's time (the stages stop after
+the last) and divided by the steps, the trajectories and the turns trained between them.
+
+With ``in_process`` the same job also runs as the in-process loop (:mod:`rollart.job.inprocess`: one
+process, no bus, generate-then-train) and the same window of steps is measured on its process tree;
+the headline is the pipeline's CPU per trained step over the in-process loop's: what disaggregation
+costs in CPU, the figure a 2-core machine's throughput is bound by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rollart.config import RollartConfig
+
+IN_PROCESS = "in-process loop"
+SUPERVISOR = "run supervisor"
+
+
+def tree_cpu_s(pid: int, *, children: bool = True) -> float | None:
+    """CPU seconds (user + system) of a process and, with ``children``, every process below it
+    (None if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *(root.children(recursive=True) if children else ())]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # gone between the listing and the read
+            continue
+        total += times.user + times.system
+    return total
+
+
+def listening_pid(port: int) -> int | None:
+    """The process listening on a local TCP port (the machine's own Redis: the stack did not start it)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return None
+    return next((c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                 and c.pid), None)
+
+
+def stack_pids(stack_file: Path, redis_url: str | None) -> dict[str, int]:
+    """The services of the run's stack, by name (the broker, Redis, Mooncake's master and metadata)."""
+    try:
+        state = json.loads(stack_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    pids = {"broker": state.get("broker_pid")}
+    redis = state.get("redis_pid")
+    if redis is None and redis_url:
+        from urllib.parse import urlparse
+
+        redis = listening_pid(urlparse(redis_url).port or 6379)
+    pids["redis"] = redis
+    for i, pid in enumerate(state.get("mooncake_pids") or ()):
+        pids[f"mooncake-{i}"] = pid
+    return {name: pid for name, pid in pids.items() if pid}
+
+
+@dataclass
+class CpuSeries:
+    """One process's cumulative CPU seconds over time; a restart (a new pid) starts a new counter."""
+
+    pid: int
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (time.time(), CPU s)
+    restarted: bool = False
+
+    def add(self, pid: int, at: float, cpu_s: float) -> None:
+        if pid != self.pid:
+            self.pid, self.samples, self.restarted = pid, [], True
+        if self.samples and cpu_s < self.samples[-1][1]:
+            return  # a child exited and took its counter with it (a stage stopping): not a reading
+        self.samples.append((at, cpu_s))
+
+    def at(self, when: float) -> float | None:
+        """The counter at ``when``, interpolated between the samples around it (None: not covered)."""
+        times = [t for t, _ in self.samples]
+        i = bisect.bisect_left(times, when)
+        if i == 0 or i == len(times):
+            return self.samples[0][1] if i == 0 and times and times[0] == when else None
+        (t0, c0), (t1, c1) = self.samples[i - 1], self.samples[i]
+        return c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+
+    def between(self, start: float, end: float) -> float | None:
+        first, last = self.at(start), self.at(end)
+        return None if first is None or last is None else last - first
+
+
+class CpuSampler:
+    """Samples each named process tree's CPU seconds every ``sample_s`` until cancelled;
+    ``targets()`` names the processes anew each time (stages restart, the stack starts late)."""
+
+    def __init__(self, targets, sample_s: float):
+        self.targets, self.sample_s = targets, sample_s
+        self.series: dict[str, CpuSeries] = {}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.to_thread(self.sample)
+            await asyncio.sleep(self.sample_s)
+
+    def sample(self) -> None:
+        for name, (pid, children) in self.targets().items():
+            cpu_s, now = tree_cpu_s(pid, children=children), time.time()
+            if cpu_s is not None:
+                self.series.setdefault(name, CpuSeries(pid)).add(pid, now, cpu_s)
+
+
+def pipeline_targets(out: Path, redis_url: str | None):
+    from rollart.chaos.inject import stage_pids
+
+    def targets() -> dict[str, tuple[int, bool]]:
+        named = {name: (pid, True) for name, pid in stage_pids(out).items()}
+        named.update({name: (pid, False) for name, pid in stack_pids(out / "stack" / "stack.json", redis_url).items()})
+        named[SUPERVISOR] = (os.getpid(), False)  # the stages are its children: itself only
+        return named
+
+    return targets
+
+
+def steady_window(rows: list[dict], skip: int) -> dict[str, Any]:
+    """The steps after the first ``skip`` and before the last (the stages stop after it, so their
+    counters may not be read past it): their span and what they trained."""
+    rows = sorted((r for r in rows if "event" not in r), key=lambda r: r["step"])
+    if len(rows) < skip + 3:
+        raise ValueError(f"{len(rows)} steps recorded: at least {skip + 3} are needed to skip {skip}")
+    window = rows[skip:-1]
+    trained = window[1:]  # what was trained between the first and the last step's time
+    return {"start": window[0]["time"], "end": window[-1]["time"], "steps": len(trained),
+            "trajectories": sum(r["samples"] for r in trained),
+            "turns": sum(r["samples"] * r.get("turns_mean", 0.0) for r in trained),
+            "train_s_mean": statistics.mean(r["train_s"] for r in trained)}
+
+
+def cpu_rows(series: dict[str, CpuSeries], window: dict[str, Any], group) -> list[dict[str, Any]]:
+    """CPU per process group (``group(name)``) over the window: cores, core-seconds per step, CPU
+    milliseconds per trajectory and per turn, share of the whole."""
+    span = window["end"] - window["start"]
+    by_group: dict[str, dict[str, Any]] = {}
+    for name, s in sorted(series.items()):
+        used = s.between(window["start"], window["end"])
+        row = by_group.setdefault(group(name), {"stage": group(name), "processes": 0, "cpu_s": 0.0, "partial": []})
+        row["processes"] += 1
+        if used is None or s.restarted:
+            row["partial"].append(name)  # restarted, or not sampled over the whole window
+            continue
+        row["cpu_s"] += used
+    total = sum(r["cpu_s"] for r in by_group.values())
+    rows = []
+    for row in sorted(by_group.values(), key=lambda r: -r["cpu_s"]):
+        cpu_s = row.pop("cpu_s")
+        rows.append({**row, "cores": cpu_s / span, "core_s_per_step": cpu_s / window["steps"],
+                     "cpu_ms_per_trajectory": 1e3 * cpu_s / max(1, window["trajectories"]),
+                     "cpu_ms_per_turn": 1e3 * cpu_s / max(1.0, window["turns"]),
+                     "share": cpu_s / total if total else 0.0})
+        if not row["partial"]:
+            del rows[-1]["partial"]
+    rows.append({"stage": "all", "processes": sum(r["processes"] for r in rows), "cores": total / span,
+                 "core_s_per_step": total / window["steps"],
+                 "cpu_ms_per_trajectory": 1e3 * total / max(1, window["trajectories"]),
+                 "cpu_ms_per_turn": 1e3 * total / max(1.0, window["turns"]), "share": 1.0})
+    return rows
+
+
+async def _pipeline(job_yaml: Path, config: RollartConfig, out: Path, steps: int, sample_s: float):
+    from rollart.job.run import RunOptions, run_job
+    from rollart.stages.registry import stage_of_process
+    from rollart.training.checkpoint import CheckpointStore
+
+    sampler = CpuSampler(pipeline_targets(out, config.redis.url), sample_s)
+    sampling = asyncio.create_task(sampler.run())
+    try:
+        await run_job(job_yaml, config, RunOptions(steps=steps, out=out, timeout_s=7200))
+    finally:
+        sampling.cancel()
+        await asyncio.gather(sampling, return_exceptions=True)
+
+    def group(name: str) -> str:
+        return name if name == SUPERVISOR or name.split("-")[0] in ("broker", "redis", "mooncake") \
+            else stage_of_process(name)
+
+    return sampler.series, CheckpointStore(out / "checkpoints").read_record(), group
+
+
+async def _in_process(config: RollartConfig, out: Path, steps: int):
+    from rollart.job.inprocess import run_in_process
+
+    # One reading as each step is recorded: the loop's steps are the only clock it needs, and no reading
+    # falls after the engine's shutdown (its processes' counters go with them).
+    sampler = CpuSampler(lambda: {IN_PROCESS: (os.getpid(), True)}, 0.0)
+    result = await run_in_process(config, out, steps, progress=lambda row: sampler.sample())
+    return sampler.series, result["rows"], lambda name: name
+
+
+async def bench_stage_cpu(config: RollartConfig, work_dir: Path, *, job_yaml: Path, steps: int = 30, skip: int = 5,
+                          sample_s: float = 0.5, in_process: bool = True) -> dict[str, Any]:
+    runs = [("pipeline", lambda: _pipeline(job_yaml, config, work_dir / "pipeline", steps, sample_s))]
+    if in_process:
+        runs.append(("in-process", lambda: _in_process(config, work_dir / "in-process", steps)))
+    rows, per_step = [], {}
+    for mode, run in runs:
+        series, record, group = await run()
+        window = steady_window(record, skip)
+        mode_rows = cpu_rows(series, window, group)
+        rows += [{"mode": mode, **row} for row in mode_rows]
+        per_step[mode] = {"core_s_per_step": mode_rows[-1]["core_s_per_step"],
+                          "seconds_per_step": (window["end"] - window["start"]) / window["steps"],
+                          "train_s_mean": window["train_s_mean"], "steps": window["steps"],
+                          "turns_per_step": window["turns"] / window["steps"]}
+    result: dict[str, Any] = {"benchmark": "stage-cpu", "rows": rows, "per_step": per_step,
+                              "setup": {"config": str(job_yaml), "steps": steps, "skip": skip, "sample_s": sample_s}}
+    if len(per_step) == 2:
+        result["speedup"] = per_step["pipeline"]["core_s_per_step"] / per_step["in-process"]["core_s_per_step"]
+        result["pipeline_cpu_over_in_process"] = result["speedup"]
+    return result
