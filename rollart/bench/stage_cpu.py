@@ -62,14 +62,15 @@ def listening_pid(port: int) -> int | None:
                  and c.pid), None)
 
 
-def stack_pids(stack_file: Path, redis_url: str | None) -> dict[str, int]:
-    """The services of the run's stack, by name (the broker, Redis, Mooncake's master and metadata)."""
+def stack_pids(stack_file: Path) -> dict[str, int]:
+    """The services of the run's stack, by name (the broker, Redis, Mooncake's master and metadata);
+    Redis is found by its port when the stack uses the machine's own."""
     try:
         state = json.loads(stack_file.read_text())
     except (OSError, ValueError):
         return {}
     pids = {"broker": state.get("broker_pid")}
-    redis = state.get("redis_pid")
+    redis, redis_url = state.get("redis_pid"), state.get("redis_url")
     if redis is None and redis_url:
         from urllib.parse import urlparse
 
@@ -129,12 +130,12 @@ class CpuSampler:
                 self.series.setdefault(name, CpuSeries(pid)).add(pid, now, cpu_s)
 
 
-def pipeline_targets(out: Path, redis_url: str | None):
+def pipeline_targets(out: Path):
     from rollart.chaos.inject import stage_pids
 
     def targets() -> dict[str, tuple[int, bool]]:
         named = {name: (pid, True) for name, pid in stage_pids(out).items()}
-        named.update({name: (pid, False) for name, pid in stack_pids(out / "stack" / "stack.json", redis_url).items()})
+        named.update({name: (pid, False) for name, pid in stack_pids(out / "stack" / "stack.json").items()})
         named[SUPERVISOR] = (os.getpid(), False)  # the stages are its children: itself only
         return named
 
@@ -190,7 +191,7 @@ async def _pipeline(job_yaml: Path, config: RollartConfig, out: Path, steps: int
     from rollart.stages.registry import stage_of_process
     from rollart.training.checkpoint import CheckpointStore
 
-    sampler = CpuSampler(pipeline_targets(out, config.redis.url), sample_s)
+    sampler = CpuSampler(pipeline_targets(out), sample_s)
     sampling = asyncio.create_task(sampler.run())
     try:
         await run_job(job_yaml, config, RunOptions(steps=steps, out=out, timeout_s=7200))
@@ -199,7 +200,8 @@ async def _pipeline(job_yaml: Path, config: RollartConfig, out: Path, steps: int
         await asyncio.gather(sampling, return_exceptions=True)
 
     def group(name: str) -> str:
-        return name if name == SUPERVISOR or name.split("-")[0] in ("broker", "redis", "mooncake") \
+        service = name.split("-")[0]
+        return name if name == SUPERVISOR else service if service in ("broker", "redis", "mooncake") \
             else stage_of_process(name)
 
     return sampler.series, CheckpointStore(out / "checkpoints").read_record(), group

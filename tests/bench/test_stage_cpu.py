@@ -87,3 +87,21 @@ def test_the_sampler_reads_named_trees_and_follows_a_restart():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_stacks_services_are_named_and_the_machines_redis_is_found_by_its_port(tmp_path):
+    import json
+    import os
+    import socket
+
+    from rollart.bench.stage_cpu import stack_pids
+
+    with socket.socket() as server:  # stands where the machine's own Redis would listen
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        (tmp_path / "stack.json").write_text(json.dumps({"broker_pid": 11, "redis_pid": None, "mooncake_pids": [12, 13],
+                                                         "redis_url": f"redis://127.0.0.1:{port}/0"}))
+        assert stack_pids(tmp_path / "stack.json") == {"broker": 11, "redis": os.getpid(), "mooncake-0": 12,
+                                                       "mooncake-1": 13}
+    assert stack_pids(tmp_path / "missing.json") == {}
