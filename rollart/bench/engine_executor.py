@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollart.bench.stage_cpu import tree_cpu_s
 from rollart.config import RollartConfig
+from rollart.proctree import tree_cpu_s
 from rollart.messages import GenerationRequest, Int32Array, SamplingParams
 
 

@@ -29,27 +29,10 @@ from typing import Any
 import psutil
 
 from rollart.config import RollartConfig
+from rollart.proctree import tree_cpu_s
 
 IN_PROCESS = "in-process loop"
 SUPERVISOR = "run supervisor"
-
-
-def tree_cpu_s(pid: int, *, children: bool = True) -> float | None:
-    """CPU seconds (user + system) of a process and, with ``children``, every process below it
-    (None if it is gone)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *(root.children(recursive=True) if children else ())]
-    except psutil.Error:
-        return None
-    total = 0.0
-    for proc in procs:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # gone between the listing and the read
-            continue
-        total += times.user + times.system
-    return total
 
 
 def listening_pid(port: int) -> int | None:

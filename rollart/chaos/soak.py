@@ -26,34 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 
 from rollart.chaos import scrape
 from rollart.chaos.inject import stage_pids
 from rollart.chaos.run import DEFAULT_TAGS
 from rollart.config import load_config
+from rollart.proctree import tree_rss_mib
 from rollart.training.checkpoint import CheckpointStore
 
 FLAT_PCT = 5.0  # growth allowed, as a share of the post-warm-up baseline
 FLAT_MIB = 16.0  # and at least this much (allocator noise on a small process)
 OVERHEAD = "rollart_env_generation_overhead_seconds"
-
-
-def tree_rss_mib(pid: int) -> float | None:
-    """Resident memory of a process and all its descendants, MiB (None if it is gone)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            continue  # a child exited between the listing and the read
-    return total / 2**20
 
 
 @dataclass

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from rollart.bench.stage_cpu import CpuSampler, CpuSeries, cpu_rows, steady_window, tree_cpu_s
+from rollart.bench.stage_cpu import CpuSampler, CpuSeries, cpu_rows, steady_window
+from rollart.proctree import tree_cpu_s
 
 BUSY = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\ntime.sleep(60)"
 
