@@ -535,6 +535,33 @@ class TrackingConfig(Section):
     mlflow: MlflowTracking | None = None
 
 
+class StageScheduling(Section):
+    """How Linux schedules one stage's processes in a run on one machine, their children (vLLM's
+    engine core and worker) included. Its scheduler gives a process CPU in proportion to a weight that
+    falls ~1.25x per nice level, and a waking process of the normal policy preempts the running one: a
+    trainer that sets the loop's pace otherwise loses its core hundreds of times a second to the
+    rollout's short wake-ups."""
+
+    nice: int = Field(default=0, ge=-20, le=19)  # added to the runner's; below 0 needs CAP_SYS_NICE
+    # batch (SCHED_BATCH): the process never preempts a running one when it wakes; it waits for a free
+    # core or the running one's turn to end
+    policy: Literal["normal", "batch"] = "normal"
+
+
+class LocalConfig(Section):
+    """How a run on one machine (``rollart run``, ``rollout``, the chaos and soak runners) shares its
+    cores between the stages: the CPU plan (README)."""
+
+    # stage -> its scheduling. Keys are stage names, checked when a run starts (the stages are
+    # declared in rollart.stages.registry); a stage not named runs as the runner does. The default
+    # favours the trainer, the loop's bottleneck on a small machine: every other stage at nice 10 and
+    # SCHED_BATCH (demo steps ~0.93x as long, alternating within one run; README, CPU plan). Setting
+    # it replaces the whole mapping; {} runs every stage as the runner does. On Kubernetes each
+    # stage's CPU request plays this part.
+    scheduling: dict[str, StageScheduling] = Field(default_factory=lambda: {
+        stage: StageScheduling(nice=10, policy="batch") for stage in ("generation", "env", "reward", "eval", "feeder")})
+
+
 class RollartConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ROLLART_",
@@ -564,6 +591,7 @@ class RollartConfig(BaseSettings):
     tracking: TrackingConfig = TrackingConfig()
     eval: EvalConfig | None = None
     deploy: DeployConfig = DeployConfig()
+    local: LocalConfig = LocalConfig()
 
     @model_validator(mode="after")
     def _check_processing_guarantee(self) -> "RollartConfig":

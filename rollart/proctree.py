@@ -8,17 +8,38 @@ from typing import Callable
 import psutil
 
 
-def tree_sum(pid: int, read: Callable[[psutil.Process], float], *, children: bool = True) -> float | None:
-    """``read`` of a process plus, with ``children``, of every process below it (None if it is gone)."""
+def process_table() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc: a sampler reading many trees at once
+    builds it once (psutil's ``children()`` makes that pass for every call)."""
+    table: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        table.setdefault(proc.info["ppid"], []).append(proc.pid)
+    return table
+
+
+def descendants(pid: int, table: dict[int, list[int]]) -> list[int]:
+    """Every process below ``pid`` in ``table`` (:func:`process_table`)."""
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in table.get(parent, ())]
+        found += frontier
+    return found
+
+
+def tree_sum(pid: int, read: Callable[[psutil.Process], float], *, children: bool = True,
+             table: dict[int, list[int]] | None = None) -> float | None:
+    """``read`` of a process plus, with ``children``, of every process below it (None if it is gone);
+    ``table`` (:func:`process_table`) spares a pass over /proc."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *(root.children(recursive=True) if children else ())]
+        below = [] if not children else [p.pid for p in root.children(recursive=True)] if table is None \
+            else descendants(pid, table)
     except psutil.Error:
         return None
     total = 0.0
-    for proc in procs:
+    for proc in [root, *below]:
         try:
-            total += read(proc)
+            total += read(proc if isinstance(proc, psutil.Process) else psutil.Process(proc))
         except psutil.Error:  # gone between the listing and the read
             continue
     return total
@@ -30,10 +51,29 @@ def tree_rss_mib(pid: int) -> float | None:
     return None if total is None else total / 2**20
 
 
-def tree_cpu_s(pid: int, *, children: bool = True) -> float | None:
+def tree_cpu_s(pid: int, *, children: bool = True, table: dict[int, list[int]] | None = None) -> float | None:
     """CPU seconds (user + system) of a process and, with ``children``, every process below it."""
     def cpu(proc: psutil.Process) -> float:
         times = proc.cpu_times()
         return times.user + times.system
 
-    return tree_sum(pid, cpu, children=children)
+    return tree_sum(pid, cpu, children=children, table=table)
+
+
+ENGINE_CORE = "VLLM::EngineCore"  # vLLM's engine core process (setproctitle); its worker runs below it
+
+
+def engine_core_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:
+    """The vLLM engine core below ``pid`` (a generation member's, or an in-process loop's), if any."""
+    try:
+        below = [p.pid for p in psutil.Process(pid).children(recursive=True)] if table is None \
+            else descendants(pid, table)
+    except psutil.Error:
+        return None
+    for child in below:
+        try:
+            if ENGINE_CORE in " ".join(psutil.Process(child).cmdline()):
+                return child
+        except psutil.Error:
+            continue
+    return None

@@ -9,9 +9,11 @@ each process's CPU is read off at the first and the last but one step's time (th
 the last) and divided by the steps, the trajectories and the turns trained between them.
 
 With ``in_process`` the same job also runs as the in-process loop (:mod:`rollart.job.inprocess`: one
-process, no bus, generate-then-train) and the same window of steps is measured on its process tree;
-the headline is the pipeline's CPU per trained step over the in-process loop's: what disaggregation
-costs in CPU, the figure a 2-core machine's throughput is bound by.
+process, no bus, generate-then-train) and the same window of steps is measured on its process tree,
+split at the end of each step's rollout into its rollout and train phases; the headline is the
+pipeline's CPU per trained step over the in-process loop's: what disaggregation costs in CPU, the
+figure a 2-core machine's throughput is bound by. In both, a vLLM engine (its core and worker) is
+read apart from the process holding it, so the engine's CPU per step compares directly.
 """
 
 from __future__ import annotations
@@ -24,15 +26,24 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
 from rollart.config import RollartConfig
-from rollart.proctree import tree_cpu_s
+from rollart.proctree import engine_core_pid, process_table, tree_cpu_s
 
 IN_PROCESS = "in-process loop"
 SUPERVISOR = "run supervisor"
+ENGINE = " · vLLM engine"  # a process's engine core and worker, apart from the process itself
+
+
+def engine_split(name: str, pid: int, table: dict[int, list[int]] | None = None) -> dict[str, tuple[int, bool]]:
+    """A process that holds a vLLM engine as two targets: the process alone and its engine (core and
+    worker), so the engine's CPU compares between the pipeline's generation member and the in-process
+    loop. Before the engine core is up, the process alone (its counter never includes the engine)."""
+    core = engine_core_pid(pid, table)
+    return {name: (pid, False), **({name + ENGINE: (core, True)} if core is not None else {})}
 
 
 def listening_pid(port: int) -> int | None:
@@ -95,29 +106,41 @@ class CpuSeries:
 
 class CpuSampler:
     """Samples each named process tree's CPU seconds every ``sample_s`` until cancelled;
-    ``targets()`` names the processes anew each time (stages restart, the stack starts late)."""
+    ``targets(table)`` names the processes anew each time (stages restart, the stack starts late).
+    A target that is this process is read without the sampler's own CPU (one pass over /proc per
+    sample, ~2-5 ms here: reported apart as ``own_cpu_s``)."""
 
-    def __init__(self, targets, sample_s: float):
+    def __init__(self, targets: Callable[[dict[int, list[int]]], dict[str, tuple[int, bool]]], sample_s: float):
         self.targets, self.sample_s = targets, sample_s
         self.series: dict[str, CpuSeries] = {}
+        self.own_cpu_s = 0.0
 
     async def run(self) -> None:
         while True:
             await asyncio.to_thread(self.sample)
             await asyncio.sleep(self.sample_s)
 
-    def sample(self) -> None:
-        for name, (pid, children) in self.targets().items():
-            cpu_s, now = tree_cpu_s(pid, children=children), time.time()
+    def sample(self) -> float:
+        """Read every target once; returns the time of the last reading."""
+        started, now, me = time.thread_time(), time.time(), os.getpid()
+        table = process_table()
+        for name, (pid, children) in self.targets(table).items():
+            cpu_s, now = tree_cpu_s(pid, children=children, table=table), time.time()
             if cpu_s is not None:
-                self.series.setdefault(name, CpuSeries(pid)).add(pid, now, cpu_s)
+                self.series.setdefault(name, CpuSeries(pid)).add(pid, now, cpu_s - self.own_cpu_s * (pid == me))
+        self.own_cpu_s += time.thread_time() - started
+        return now
 
 
 def pipeline_targets(out: Path):
     from rollart.chaos.inject import stage_pids
+    from rollart.stages.registry import stage_of_process
 
-    def targets() -> dict[str, tuple[int, bool]]:
-        named = {name: (pid, True) for name, pid in stage_pids(out).items()}
+    def targets(table: dict[int, list[int]]) -> dict[str, tuple[int, bool]]:
+        named: dict[str, tuple[int, bool]] = {}
+        for name, pid in stage_pids(out).items():
+            named.update(engine_split(name, pid, table) if stage_of_process(name) == "generation"
+                         else {name: (pid, True)})
         named.update({name: (pid, False) for name, pid in stack_pids(out / "stack" / "stack.json").items()})
         named[SUPERVISOR] = (os.getpid(), False)  # the stages are its children: itself only
         return named
@@ -134,6 +157,7 @@ def steady_window(rows: list[dict], skip: int) -> dict[str, Any]:
     window = rows[skip:-1]
     trained = window[1:]  # what was trained between the first and the last step's time
     return {"start": window[0]["time"], "end": window[-1]["time"], "steps": len(trained),
+            "first_step": trained[0]["step"], "last_step": trained[-1]["step"],
             "trajectories": sum(r["samples"] for r in trained),
             "turns": sum(r["samples"] * r.get("turns_mean", 0.0) for r in trained),
             "train_s_mean": statistics.mean(r["train_s"] for r in trained)}
@@ -183,9 +207,10 @@ async def _pipeline(job_yaml: Path, config: RollartConfig, out: Path, steps: int
         await asyncio.gather(sampling, return_exceptions=True)
 
     def group(name: str) -> str:
-        service = name.split("-")[0]
+        process, engine, _ = name.partition(ENGINE)
+        service = process.split("-")[0]
         return name if name == SUPERVISOR else service if service in ("broker", "redis", "mooncake") \
-            else stage_of_process(name)
+            else stage_of_process(process) + engine
 
     return sampler.series, CheckpointStore(out / "checkpoints").read_record(), group
 
@@ -193,11 +218,31 @@ async def _pipeline(job_yaml: Path, config: RollartConfig, out: Path, steps: int
 async def _in_process(config: RollartConfig, out: Path, steps: int):
     from rollart.job.inprocess import run_in_process
 
-    # One reading as each step is recorded: the loop's steps are the only clock it needs, and no reading
-    # falls after the engine's shutdown (its processes' counters go with them).
-    sampler = CpuSampler(lambda: {IN_PROCESS: (os.getpid(), True)}, 0.0)
-    result = await run_in_process(config, out, steps, progress=lambda row: sampler.sample())
-    return sampler.series, result["rows"], lambda name: name
+    # One reading as each step's rollout ends and as the step is recorded: the loop's phases are the
+    # only clock it needs, and no reading falls after the engine's shutdown (its counters go with it).
+    sampler = CpuSampler(lambda table: engine_split(IN_PROCESS, os.getpid(), table), 0.0)
+    marks: list[tuple[str, int, float]] = []
+    result = await run_in_process(config, out, steps,
+                                  progress=lambda row: marks.append(("step", row["step"], sampler.sample())),
+                                  on_rollout_end=lambda step: marks.append(("rollout", step, sampler.sample())))
+    return sampler.series, result["rows"], lambda name: name, marks
+
+
+def phase_cpu(series: dict[str, CpuSeries], marks: list[tuple[str, int, float]],
+              window: dict[str, Any]) -> dict[str, float]:
+    """The in-process loop's core-seconds per step in each phase over the window: ``rollout`` (from
+    the step before's record to this step's batch: generation, env, reward) and ``train`` (from the
+    batch to the record: the optimiser step, the weights into the engine)."""
+    at = {(phase, step): t for phase, step, t in marks}
+    totals = {"rollout": 0.0, "train": 0.0}
+    for step in range(window["first_step"], window["last_step"] + 1):
+        spans = {"rollout": (at.get(("step", step - 1)), at.get(("rollout", step))),
+                 "train": (at.get(("rollout", step)), at.get(("step", step)))}
+        for phase, (start, end) in spans.items():
+            if start is None or end is None:
+                raise ValueError(f"step {step}'s {phase} phase was not marked")
+            totals[phase] += sum(s.between(start, end) or 0.0 for s in series.values())
+    return {phase: total / window["steps"] for phase, total in totals.items()}
 
 
 async def bench_stage_cpu(config: RollartConfig, work_dir: Path, *, job_yaml: Path, steps: int = 30, skip: int = 5,
@@ -207,14 +252,18 @@ async def bench_stage_cpu(config: RollartConfig, work_dir: Path, *, job_yaml: Pa
         runs.append(("in-process", lambda: _in_process(config, work_dir / "in-process", steps)))
     rows, per_step = [], {}
     for mode, run in runs:
-        series, record, group = await run()
+        series, record, group, *marks = await run()
         window = steady_window(record, skip)
         mode_rows = cpu_rows(series, window, group)
         rows += [{"mode": mode, **row} for row in mode_rows]
         per_step[mode] = {"core_s_per_step": mode_rows[-1]["core_s_per_step"],
                           "seconds_per_step": (window["end"] - window["start"]) / window["steps"],
                           "train_s_mean": window["train_s_mean"], "steps": window["steps"],
-                          "turns_per_step": window["turns"] / window["steps"]}
+                          "turns_per_step": window["turns"] / window["steps"],
+                          "engine_core_s_per_step": sum(r["core_s_per_step"] for r in mode_rows
+                                                        if r["stage"].endswith(ENGINE))}
+        if marks:
+            per_step[mode]["phases_core_s_per_step"] = phase_cpu(series, marks[0], window)
     result: dict[str, Any] = {"benchmark": "stage-cpu", "rows": rows, "per_step": per_step,
                               "setup": {"config": str(job_yaml), "steps": steps, "skip": skip, "sample_s": sample_s}}
     if len(per_step) == 2:

@@ -346,9 +346,30 @@ def stage_cpu_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="T
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     for mode, figures in result["per_step"].items():
+        phases = figures.get("phases_core_s_per_step")
         console.print(f"{mode}: {figures['seconds_per_step']:.2f} s per step, {figures['core_s_per_step']:.2f} "
-                      f"core-s per step, train step {figures['train_s_mean']:.2f} s, "
-                      f"{figures['turns_per_step']:.0f} turns per step")
+                      f"core-s per step (vLLM engine {figures['engine_core_s_per_step']:.2f}"
+                      + (f"; rollout {phases['rollout']:.2f}, train {phases['train']:.2f}" if phases else "")
+                      + f"), train step {figures['train_s_mean']:.2f} s, {figures['turns_per_step']:.0f} turns per step")
+
+
+@bench_app.command("scheduling")
+def scheduling_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job.")] = Path("configs/demo.yaml"),
+                   out: OutOption = None, steps: Annotated[int, typer.Option(min=10, help="Training steps.")] = 110,
+                   block: Annotated[int, typer.Option(min=2, help="Steps under one setting before the next.")] = 6,
+                   settings: Annotated[str, typer.Option(help="Settings taking turns, the first the baseline: "
+                                                         "runner, nice, batch, nice+batch.")] = "runner,nice+batch") -> None:
+    """Seconds per step under each scheduling of the rollout stages, switched every few steps inside one run."""
+    from rollart.bench.scheduling import bench_scheduling
+
+    try:
+        run_benchmark(config, out, bench_scheduling, ["setting", "nice", "policy", "blocks", "s_per_step", "vs_runner",
+                                                      "block_medians"],
+                      f"{settings.split(',')[0]} over {settings.split(',')[-1]} seconds per step",
+                      job_yaml=config, steps=steps, block=block, settings=tuple(s.strip() for s in settings.split(",")))
+    except (ValueError, PermissionError) as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("goodput")

@@ -47,6 +47,7 @@ class InProcessLoop:
     staging: Path  # where each version's buckets are written for the engine to load
     version: int = 0
     groups_released: int = 0
+    on_rollout_end: Callable[[int], None] | None = None  # called with the step once its batch is rolled out
     buffer: SampleBuffer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -75,6 +76,8 @@ class InProcessLoop:
         started = time.perf_counter()
         batch = await self._rollout()
         rollout_s = time.perf_counter() - started
+        if self.on_rollout_end is not None:
+            self.on_rollout_end(step)
         samples, staleness, metrics, train_s = await train_groups(self.backend, batch, self.config,
                                                                   version=self.version, pad_id=self.pad_id)
         row = step_record(step=step, version=self.version, samples=samples, staleness=staleness, metrics=metrics,
@@ -140,9 +143,11 @@ class InProcessLoop:
 
 
 async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
-                         progress: Callable[[dict], None] | None = None) -> dict:
+                         progress: Callable[[dict], None] | None = None,
+                         on_rollout_end: Callable[[int], None] | None = None) -> dict:
     """Start an engine and a backend, run ``steps`` synchronous steps; returns timings and the rows.
-    ``started_at`` is before the engine starts (the pipeline's run also pays its engine start)."""
+    ``started_at`` is before the engine starts (the pipeline's run also pays its engine start);
+    ``progress`` gets each step's row, ``on_rollout_end`` each step's number between its two phases."""
     from transformers import AutoTokenizer
 
     from rollart.engines.vllm_engine import VLLMEngine
@@ -158,7 +163,8 @@ async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
         backend = await asyncio.to_thread(build_backend, config)
         chat = ChatFormat.from_pretrained(model)
         pad_id = AutoTokenizer.from_pretrained(str(model)).pad_token_id
-        loop = InProcessLoop(config, engine, backend, chat, pad_id, record, out / "staging")
+        loop = InProcessLoop(config, engine, backend, chat, pad_id, record, out / "staging",
+                             on_rollout_end=on_rollout_end)
         ready_at = time.time()
         rows = await loop.run(steps, progress)
     finally:

@@ -20,7 +20,7 @@ from rollart.config import RollartConfig
 from rollart.local.endpoints import job_endpoints, run_config, stage_logins
 from rollart.local.observer import RunObserver, observing
 from rollart.local.processes import StageProcesses
-from rollart.local.supervision import start_stages
+from rollart.local.supervision import stage_scheduling, start_stages
 from rollart.models.tiny import ensure_model
 from rollart.stages.registry import ROLLOUT_COLLECTOR
 from rollart.topics.admin import apply_topics
@@ -52,6 +52,7 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
 
     check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag
     sources_from(config)
+    stage_scheduling(config)
     out.mkdir(parents=True, exist_ok=True)
     ensure_model(config.model)  # once, before the stages race to create it
     # tags are drawn at random by weight: room for the rarest tag to reach its share (the collector stops
@@ -63,7 +64,7 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
         await apply_topics(cfg, endpoints)
         procs = StageProcesses(config_path, endpoints, job, out / "logs",
                                extra_env={"ROLLART_FEEDER_ALPHA": "null", "ROLLART_FEEDER_MAX_GROUPS": str(groups)},
-                               stage_env=await stage_logins(cfg, endpoints))
+                               stage_env=await stage_logins(cfg, endpoints), scheduling=stage_scheduling(cfg))
         started = time.monotonic()
         try:
             start_stages(procs, cfg, {"generation": gen_members, "env": env_members}, training=False)

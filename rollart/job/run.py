@@ -33,7 +33,7 @@ from rollart.job.report import build_report, eval_record, read_evals, write_repo
 from rollart.local.endpoints import job_endpoints, run_config
 from rollart.local.observer import RunObserver, observing
 from rollart.local.processes import StageProcesses, write_prometheus_config
-from rollart.local.supervision import shared_machine_threads, start_stages, supervise, write_pids
+from rollart.local.supervision import shared_machine_threads, stage_scheduling, start_stages, supervise, write_pids
 from rollart.models.tiny import ensure_model
 from rollart.runtime import open_runtime
 from rollart.stages.feeder import sources_from
@@ -79,6 +79,7 @@ async def run_job(config_path: Path, config: RollartConfig, opts: RunOptions) ->
     check_rewards(config)  # a reward or dataset that cannot load fails here, naming its tag, not in a stage
     sources_from(config)
     eval_sources(config)
+    stage_scheduling(config)  # a stage it does not know fails here, not once the stack is up
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     job = _job_name(config, opts)
@@ -114,7 +115,8 @@ async def _run_on_stack(config_path: Path, config: RollartConfig, job: str, opts
             "ROLLART_WEIGHTS_FS_ROOT": str(opts.out / "weights"),
             **({"ROLLART_EVAL_RECORD": str(eval_record(opts.out))} if config.eval is not None else {}),
             **shared_machine_threads(config),
-        }, metrics_targets=write_prometheus_config(opts.out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity))
+        }, metrics_targets=write_prometheus_config(opts.out / "prometheus"), cpu_affinity=dict(opts.cpu_affinity),
+           scheduling=stage_scheduling(cfg))
         monitor.started_at = time.time()
         try:
             start_stages(procs, cfg, {"generation": opts.gen_members, "env": opts.env_members}, training=True,

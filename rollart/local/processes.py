@@ -16,16 +16,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollart.config import StageScheduling
 from rollart.endpoints import Endpoints
 from rollart.local.children import die_with_parent, on_lasting_thread
 
 
-def _in_child(cpus: tuple[int, ...] | None, parent: int) -> None:
+def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageScheduling) -> None:
     """In the stage process before exec: SIGTERM it when the runner dies (a runner killed with
-    SIGKILL would otherwise leave every stage running, detached in its own session), and pin it."""
+    SIGKILL would otherwise leave every stage running, detached in its own session), pin it, and
+    schedule it as ``local.scheduling`` says (its children inherit all three)."""
     die_with_parent(signal.SIGTERM, parent)
     if cpus:
         os.sched_setaffinity(0, cpus)
+    if scheduling.policy == "batch":
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    if scheduling.nice:
+        os.nice(scheduling.nice)
 
 
 @dataclass
@@ -64,6 +70,7 @@ class StageProcesses:
     # stage -> CPUs its processes (and their children: vLLM's engine core) may run on, and as many
     # compute threads (torch, OpenMP, vLLM's CPU binding) as CPUs
     cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    scheduling: dict[str, StageScheduling] = field(default_factory=dict)  # stage -> local.scheduling
     # (stage, pool) -> environment of that stage only (its own Kafka login on a secured stack)
     stage_env: dict[tuple[str, str | None], dict[str, str]] = field(default_factory=dict)
     # Members scaled away (SIGTERM sent: they drain, commit and leave their groups), no longer
@@ -90,7 +97,7 @@ class StageProcesses:
         env["ROLLART_MEMBER"] = name  # stable across restarts: a restarted member fences its predecessor
         pool = args[args.index("--pool") + 1] if "--pool" in args else None
         env.update(self.stage_env.get((stage, pool), {}))
-        cpus = self.cpu_affinity.get(stage)
+        cpus, scheduling = self.cpu_affinity.get(stage), self.scheduling.get(stage, StageScheduling())
         if cpus:
             env.update(OMP_NUM_THREADS=str(len(cpus)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)))
         if self.metrics_targets is not None:
@@ -101,7 +108,7 @@ class StageProcesses:
             with open(process.log, "ab") as out:
                 return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                         stdin=subprocess.DEVNULL, start_new_session=True,  # own group
-                                        preexec_fn=lambda: _in_child(cpus, parent))
+                                        preexec_fn=lambda: _in_child(cpus, parent, scheduling))
         process.proc = on_lasting_thread(popen)  # the death signal follows the forking thread
         self.stages[name] = process
         return process

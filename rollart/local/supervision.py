@@ -9,9 +9,9 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from rollart.config import RollartConfig
+from rollart.config import ConfigError, RollartConfig, StageScheduling
 from rollart.local.processes import StageProcesses
-from rollart.stages.registry import local_processes
+from rollart.stages.registry import STAGES, local_processes
 
 
 def start_stages(procs: StageProcesses, cfg: RollartConfig, members: dict[str, int], *, training: bool,
@@ -52,3 +52,13 @@ def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
     if config.trainer.torch_threads is not None:
         return {}
     return {"ROLLART_TRAINER_TORCH_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
+
+
+def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
+    """``local.scheduling``, its keys held to the registry's stages (a typo would otherwise schedule
+    nothing differently)."""
+    unknown = sorted(set(config.local.scheduling) - set(STAGES))
+    if unknown:
+        raise ConfigError(f"local.scheduling: {', '.join(unknown)} is not a stage; the stages are "
+                          f"{', '.join(STAGES)}")
+    return dict(config.local.scheduling)

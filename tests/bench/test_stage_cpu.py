@@ -1,15 +1,17 @@
-"""`rollart bench stage-cpu`'s pieces: CPU read from /proc for a process tree, the counters
-interpolated at step times, and the per-stage rows over a steady window."""
+"""`rollart bench stage-cpu`'s pieces: CPU read from /proc for a process tree (a vLLM engine apart
+from the process holding it), the counters interpolated at step times, the per-stage rows over a
+steady window, and the in-process loop's two phases."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from rollart.bench.stage_cpu import CpuSampler, CpuSeries, cpu_rows, steady_window
+from rollart.bench.stage_cpu import ENGINE, CpuSampler, CpuSeries, cpu_rows, engine_split, phase_cpu, steady_window
 from rollart.proctree import tree_cpu_s
 
 BUSY = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\ntime.sleep(60)"
@@ -79,11 +81,16 @@ def test_the_sampler_reads_named_trees_and_follows_a_restart():
     procs = [subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.3)]) for _ in range(2)]
     try:
         current = {"a": procs[0].pid}
-        sampler = CpuSampler(lambda: {name: (pid, True) for name, pid in current.items()}, 0.0)
+        sampler = CpuSampler(lambda table: {name: (pid, True) for name, pid in current.items()}, 0.0)
         sampler.sample()
         current["a"] = procs[1].pid
         sampler.sample()
         assert sampler.series["a"].restarted and sampler.series["a"].pid == procs[1].pid
+        itself = CpuSampler(lambda table: {"me": (os.getpid(), False)}, 0.0)
+        for _ in range(3):
+            itself.sample()
+        assert 0 < itself.own_cpu_s and itself.series["me"].samples[-1][1] < tree_cpu_s(os.getpid(), children=False), \
+            "this process is read without the sampler's own CPU"
     finally:
         for p in procs:
             p.kill()
@@ -106,3 +113,43 @@ def test_the_stacks_services_are_named_and_the_machines_redis_is_found_by_its_po
         assert stack_pids(tmp_path / "stack.json") == {"broker": 11, "redis": os.getpid(), "mooncake-0": 12,
                                                        "mooncake-1": 13}
     assert stack_pids(tmp_path / "missing.json") == {}
+
+
+def test_a_vllm_engine_below_a_process_is_read_apart_from_it():
+    """The engine core is found by the title vLLM gives it (here an argument standing in for it);
+    the process holding it is then read alone."""
+    code = (f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BUSY.format(s=0.6)!r}, "
+            "'VLLM::EngineCore'])")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while len(split := engine_split("gen-default-0", parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (core, children), = [target for name, target in split.items() if name == "gen-default-0" + ENGINE]
+        assert split["gen-default-0"] == (parent.pid, False) and core != parent.pid and children
+        while (tree_cpu_s(core) or 0.0) < 0.6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tree_cpu_s(core) >= 0.6 and tree_cpu_s(parent.pid, children=False) < 0.5
+    finally:
+        parent.kill()
+        parent.wait()
+    assert engine_split("gone", parent.pid) == {"gone": (parent.pid, False)}
+
+
+def test_the_in_process_loops_phases_split_each_steps_cpu_at_the_end_of_its_rollout():
+    window = steady_window(rows(10), skip=3)  # steps 5 to 9 trained, from step 4's record at 108 s
+    # each step: 0.5 s of rollout (loop 0.2 core-s, engine 0.3), then 1.5 s of training (loop 2.0)
+    marks = [(phase, step, at) for step in range(1, 11)
+             for phase, at in (("rollout", 100.0 + 2 * step - 1.5), ("step", 100.0 + 2 * step))]
+    loop, engine, cpu_loop, cpu_engine = CpuSeries(pid=1), CpuSeries(pid=2), 0.0, 0.0
+    for phase, _step, at in marks:
+        if phase == "rollout":
+            cpu_loop, cpu_engine = cpu_loop + 0.2, cpu_engine + 0.3
+        else:
+            cpu_loop += 2.0
+        loop.add(1, at, cpu_loop)
+        engine.add(2, at, cpu_engine)
+    phases = phase_cpu({"loop": loop, "engine": engine}, marks, window)
+    assert phases == {"rollout": pytest.approx(0.5), "train": pytest.approx(2.0)}
+    with pytest.raises(ValueError, match="step 5's rollout phase was not marked"):
+        phase_cpu({"loop": loop}, [m for m in marks if m[:2] != ("rollout", 5)], window)

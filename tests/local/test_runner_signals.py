@@ -5,7 +5,8 @@ store where installed), is stopped each way; then neither a recorded pid, nor a 
 the runner, nor any process naming the test's folder (a stage's --config, a service's ROLLART_STACK
 mark) may be left. `rollout` (SIGKILL), `chaos` (SIGTERM), `soak` (SIGINT) and `bench` (SIGKILL) are
 each stopped one of the three ways once their stack is up, and a test checks that every runner gets
-the SIGTERM handling. Two more: a service forked from a passing thread outlives that thread (the
+the SIGTERM handling; the SIGKILL run checks on the way that its stages run at the niceness
+and policy ``local.scheduling`` gives them. Two more: a service forked from a passing thread outlives that thread (the
 death signal follows the forking thread), and a stack's next start reaps a dead owner's leftovers.
 
 Cost (a CI on 2 cores): SIGINT and SIGTERM arrive once the stack is up, before the stages start
@@ -25,6 +26,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -118,7 +120,7 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, list[int]]:
 
 
 JOB = {"job": "sigtest", "pools": ["default"], "feeder": {"group_size": 2, "groups_per_batch": 1},
-       "trainer": {"micro_batch": 2},
+       "trainer": {"micro_batch": 2}, "local": {"scheduling": {"env": {"nice": 3, "policy": "batch"}, "feeder": {"nice": 2}}},
        "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {}, "max_turns": 2, "reward": {"type": "env"}}}}
 
 
@@ -137,7 +139,13 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
         wait_for((out / once).exists, proc, f"its {once}", tmp_path)
         pids = stack_pids(out / "stack" / STACK_FILE)
         if (out / "pids.json").exists():
-            pids += json.loads((out / "pids.json").read_text()).values()
+            stages = json.loads((out / "pids.json").read_text())
+            pids += stages.values()
+            scheduled = {name: (psutil.Process(pid).nice() - os.nice(0), os.sched_getscheduler(pid) == os.SCHED_BATCH)
+                         for name, pid in stages.items()}
+            assert scheduled == {"gen-default-0": (0, False), "env-0": (3, True), "reward-0": (0, False),
+                                 "trainer": (0, False), "feeder": (2, False)}, \
+                "each stage runs at the niceness and policy local.scheduling gives it"
         code, below = stop(proc, sig)
     finally:
         if proc.poll() is None:
