@@ -548,7 +548,7 @@ class StageScheduling(Section):
     policy: Literal["normal", "batch"] = "normal"
 
 
-class LocalConfig(Section):
+class MachineConfig(Section):
     """How a run on one machine (``rollart run``, ``rollout``, the chaos and soak runners) shares its
     cores between the stages: the CPU plan (README)."""
 
@@ -591,7 +591,9 @@ class RollartConfig(BaseSettings):
     tracking: TrackingConfig = TrackingConfig()
     eval: EvalConfig | None = None
     deploy: DeployConfig = DeployConfig()
-    local: LocalConfig = LocalConfig()
+    # No section may be named ``local``: ROLLART_LOCAL_* are the local stack's own variables
+    # (rollart/local/brokers.py), and as a section's fields they would be unknown ones.
+    machine: MachineConfig = MachineConfig()
 
     @model_validator(mode="after")
     def _check_processing_guarantee(self) -> "RollartConfig":

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rollart.config import LocalConfig, RollartConfig, StageScheduling
+from rollart.config import MachineConfig, RollartConfig, StageScheduling
 
 # The settings a run switches between, by name; "runner" first: the ratios are against it.
 SETTINGS: dict[str, StageScheduling] = {
@@ -133,7 +133,7 @@ async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: P
         raise PermissionError("switching between nicenesses needs CAP_SYS_NICE to lower one again: run this "
                               "benchmark as root (or with a RLIMIT_NICE that allows it)")
     out = work_dir / "run"
-    config = config.model_copy(update={"local": LocalConfig(scheduling={})})  # the switcher decides
+    config = config.model_copy(update={"machine": MachineConfig(scheduling={})})  # the switcher decides
     switches: list[tuple[int, str]] = []
     switching = asyncio.create_task(_switch(out, list(settings), block, steps, switches))
     try:

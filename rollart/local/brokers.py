@@ -23,8 +23,8 @@ BrokerKind = Literal["kafka", "tansu"]
 BROKER_KINDS: tuple[BrokerKind, ...] = ("kafka", "tansu")
 # The broker a command that starts its own stack uses, when it is not given one (`--broker`).
 BROKER_ENV = "ROLLART_LOCAL_BROKER"
-KAFKA_LIBS_ENV = "ROLLART_KAFKA_LIBS"
-KAFKA_HEAP_ENV = "ROLLART_KAFKA_HEAP"  # -Xmx of the local broker
+KAFKA_LIBS_ENV = "ROLLART_LOCAL_KAFKA_LIBS"
+KAFKA_HEAP_ENV = "ROLLART_LOCAL_KAFKA_HEAP"  # -Xmx of the local broker
 DEFAULT_KAFKA_HEAP = "1g"  # a single node with a few thousand small partitions, on a 2-core/24 GB machine
 
 

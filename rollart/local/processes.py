@@ -24,7 +24,7 @@ from rollart.local.children import die_with_parent, on_lasting_thread
 def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageScheduling) -> None:
     """In the stage process before exec: SIGTERM it when the runner dies (a runner killed with
     SIGKILL would otherwise leave every stage running, detached in its own session), pin it, and
-    schedule it as ``local.scheduling`` says (its children inherit all three)."""
+    schedule it as ``machine.scheduling`` says (its children inherit all three)."""
     die_with_parent(signal.SIGTERM, parent)
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -70,7 +70,7 @@ class StageProcesses:
     # stage -> CPUs its processes (and their children: vLLM's engine core) may run on, and as many
     # compute threads (torch, OpenMP, vLLM's CPU binding) as CPUs
     cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    scheduling: dict[str, StageScheduling] = field(default_factory=dict)  # stage -> local.scheduling
+    scheduling: dict[str, StageScheduling] = field(default_factory=dict)  # stage -> machine.scheduling
     # (stage, pool) -> environment of that stage only (its own Kafka login on a secured stack)
     stage_env: dict[tuple[str, str | None], dict[str, str]] = field(default_factory=dict)
     # Members scaled away (SIGTERM sent: they drain, commit and leave their groups), no longer

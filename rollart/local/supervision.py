@@ -55,10 +55,10 @@ def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
 
 
 def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
-    """``local.scheduling``, its keys held to the registry's stages (a typo would otherwise schedule
+    """``machine.scheduling``, its keys held to the registry's stages (a typo would otherwise schedule
     nothing differently)."""
-    unknown = sorted(set(config.local.scheduling) - set(STAGES))
+    unknown = sorted(set(config.machine.scheduling) - set(STAGES))
     if unknown:
-        raise ConfigError(f"local.scheduling: {', '.join(unknown)} is not a stage; the stages are "
+        raise ConfigError(f"machine.scheduling: {', '.join(unknown)} is not a stage; the stages are "
                           f"{', '.join(STAGES)}")
-    return dict(config.local.scheduling)
+    return dict(config.machine.scheduling)

@@ -6,7 +6,7 @@ the runner, nor any process naming the test's folder (a stage's --config, a serv
 mark) may be left. `rollout` (SIGKILL), `chaos` (SIGTERM), `soak` (SIGINT) and `bench` (SIGKILL) are
 each stopped one of the three ways once their stack is up, and a test checks that every runner gets
 the SIGTERM handling; the SIGKILL run checks on the way that its stages run at the niceness
-and policy ``local.scheduling`` gives them. Two more: a service forked from a passing thread outlives that thread (the
+and policy ``machine.scheduling`` gives them. Two more: a service forked from a passing thread outlives that thread (the
 death signal follows the forking thread), and a stack's next start reaps a dead owner's leftovers.
 
 Cost (a CI on 2 cores): SIGINT and SIGTERM arrive once the stack is up, before the stages start
@@ -120,7 +120,7 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, list[int]]:
 
 
 JOB = {"job": "sigtest", "pools": ["default"], "feeder": {"group_size": 2, "groups_per_batch": 1},
-       "trainer": {"micro_batch": 2}, "local": {"scheduling": {"env": {"nice": 3, "policy": "batch"}, "feeder": {"nice": 2}}},
+       "trainer": {"micro_batch": 2}, "machine": {"scheduling": {"env": {"nice": 3, "policy": "batch"}, "feeder": {"nice": 2}}},
        "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {}, "max_turns": 2, "reward": {"type": "env"}}}}
 
 
@@ -145,7 +145,7 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
                          for name, pid in stages.items()}
             assert scheduled == {"gen-default-0": (0, False), "env-0": (3, True), "reward-0": (0, False),
                                  "trainer": (0, False), "feeder": (2, False)}, \
-                "each stage runs at the niceness and policy local.scheduling gives it"
+                "each stage runs at the niceness and policy machine.scheduling gives it"
         code, below = stop(proc, sig)
     finally:
         if proc.poll() is None:

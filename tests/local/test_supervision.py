@@ -1,4 +1,4 @@
-"""The CPU plan of a run on one machine: ``local.scheduling`` names stages, and a typo fails at start-up."""
+"""The CPU plan of a run on one machine: ``machine.scheduling`` names stages, and a typo fails at start-up."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from rollart.config import ConfigError, StageScheduling, build_config
 from rollart.local.supervision import stage_scheduling
 
 
-def test_local_scheduling_names_registered_stages_and_a_typo_fails_naming_it():
-    plan = stage_scheduling(build_config({"local": {"scheduling": {"env": {"nice": 5, "policy": "batch"}}}}))
+def test_machine_scheduling_names_registered_stages_and_a_typo_fails_naming_it():
+    plan = stage_scheduling(build_config({"machine": {"scheduling": {"env": {"nice": 5, "policy": "batch"}}}}))
     assert plan == {"env": StageScheduling(nice=5, policy="batch")}
-    with pytest.raises(ConfigError, match=r"local\.scheduling: gen is not a stage; the stages are generation, env"):
-        stage_scheduling(build_config({"local": {"scheduling": {"gen": {"nice": 5}}}}))
+    with pytest.raises(ConfigError, match=r"machine\.scheduling: gen is not a stage; the stages are generation, env"):
+        stage_scheduling(build_config({"machine": {"scheduling": {"gen": {"nice": 5}}}}))
 
 
 @pytest.mark.parametrize("stage, field", [({"nice": 20}, "nice"), ({"nice": -21}, "nice"),
                                           ({"policy": "idle"}, "policy"), ({"share": 2}, "share")])
 def test_a_bad_stage_scheduling_names_the_field(stage, field):
-    with pytest.raises(ConfigError, match=rf"local\.scheduling\.env\.{field}: "):
-        build_config({"local": {"scheduling": {"env": stage}}})
+    with pytest.raises(ConfigError, match=rf"machine\.scheduling\.env\.{field}: "):
+        build_config({"machine": {"scheduling": {"env": stage}}})
