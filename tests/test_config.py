@@ -159,4 +159,4 @@ def test_the_local_stacks_own_variables_are_not_read_as_config(monkeypatch):
     for name in (BROKER_ENV, KAFKA_HEAP_ENV, KAFKA_LIBS_ENV):
         assert name.startswith("ROLLART_LOCAL_")
         monkeypatch.setenv(name, "tansu")
-    assert load_config(None).machine.scheduling, "loads, with its defaults"
+    assert load_config(None).machine.scheduling == {}, "loads, with its defaults"
