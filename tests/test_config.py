@@ -154,9 +154,9 @@ def test_an_override_that_changes_the_reward_type_replaces_the_reward():
 def test_the_local_stacks_own_variables_are_not_read_as_config(monkeypatch):
     """ROLLART_LOCAL_* tune the stack a command starts (rollart/local/brokers.py), not the job: a config
     section named like them would turn `--broker tansu` into an unknown field and fail every command."""
-    from rollart.local.brokers import BROKER_ENV, KAFKA_HEAP_ENV, KAFKA_LIBS_ENV
+    from rollart.local.brokers import BROKER_ENV, KAFKA_HEAP_ENV, KAFKA_LIBS_ENV, KAFKA_OPTS_ENV
 
-    for name in (BROKER_ENV, KAFKA_HEAP_ENV, KAFKA_LIBS_ENV):
+    for name in (BROKER_ENV, KAFKA_HEAP_ENV, KAFKA_LIBS_ENV, KAFKA_OPTS_ENV):
         assert name.startswith("ROLLART_LOCAL_")
         monkeypatch.setenv(name, "tansu")
     assert load_config(None).machine.scheduling == {}, "loads, with its defaults"

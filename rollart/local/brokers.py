@@ -26,6 +26,11 @@ BROKER_ENV = "ROLLART_LOCAL_BROKER"
 KAFKA_LIBS_ENV = "ROLLART_LOCAL_KAFKA_LIBS"
 KAFKA_HEAP_ENV = "ROLLART_LOCAL_KAFKA_HEAP"  # -Xmx of the local broker
 DEFAULT_KAFKA_HEAP = "1g"  # a single node with a few thousand small partitions, on a 2-core/24 GB machine
+KAFKA_OPTS_ENV = "ROLLART_LOCAL_KAFKA_OPTS"  # JVM options after the defaults (the last of a flag wins)
+# C1 only: in a 60-step demo run C2's compiler threads were a third of the broker's CPU (21.9 vs 14.6
+# core-s with C1 only); a local broker's request rates are low, so C1's code is fast enough for it.
+# "-XX:TieredStopAtLevel=4" in ROLLART_LOCAL_KAFKA_OPTS brings C2 back (a broker benchmark at its limit).
+KAFKA_JIT_OPTS = ("-XX:TieredStopAtLevel=1",)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -259,8 +264,8 @@ class KafkaNode:
         if java is None or libs is None:
             raise BrokerUnavailable(f"Apache Kafka cannot start: {kafka_missing()}")
         heap = os.environ.get(KAFKA_HEAP_ENV, DEFAULT_KAFKA_HEAP)
-        return [java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-                "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        return [java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", *KAFKA_JIT_OPTS,
+                "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true", *os.environ.get(KAFKA_OPTS_ENV, "").split(),
                 f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
                 f"-Dkafka.logs.dir={self.home / 'logs'}", "-cp", f"{libs}/*", main, *args]
 

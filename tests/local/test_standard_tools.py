@@ -115,3 +115,19 @@ def field(line: str, name: str) -> str:
 def _number(cell: str) -> int | None:
     """A kafka-consumer-groups cell: "-" where the tool has no figure."""
     return None if cell == "-" else int(cell)
+
+
+def test_the_local_broker_jvm_compiles_with_c1_alone_unless_told(stack, monkeypatch, tmp_path):
+    """The running broker's JVM (read with the JDK's jcmd) has C2 off: on 2 cores C2's compiler threads
+    were a third of the broker's CPU in a demo run. ROLLART_LOCAL_KAFKA_OPTS comes after the defaults,
+    so the JVM takes its value of a flag (the last one wins)."""
+    from rollart.local.brokers import KAFKA_OPTS_ENV
+
+    flags = subprocess.run(["jcmd", str(stack.broker_pid), "VM.flags"], capture_output=True, text=True, timeout=60)
+    assert flags.returncode == 0, flags.stderr
+    assert "-XX:TieredStopAtLevel=1" in flags.stdout.split(), flags.stdout
+    monkeypatch.setenv(KAFKA_OPTS_ENV, "-XX:TieredStopAtLevel=4 -Dx=y")
+    argv = KafkaNode(tmp_path).argv()
+    tiers = [a for a in argv if a.startswith("-XX:TieredStopAtLevel")]
+    assert tiers[-1] == "-XX:TieredStopAtLevel=4" and "-Dx=y" in argv
+    assert argv.index("-Dx=y") < argv.index("-cp"), "JVM options go before the class path and main class"
