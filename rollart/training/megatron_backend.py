@@ -167,13 +167,13 @@ class MegatronBackend(AccumulatingBackend):
         logits = self.model(input_ids, positions, ~allowed.unsqueeze(1))[:, :-1].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
-    def _micro_loss(self, batch, part: slice):
-        ids = batch.input_ids[part].to(self.device)
-        mask = batch.loss_mask[part].to(self.device)
-        logprobs = self.token_logprobs(ids, batch.attention_mask[part].to(self.device))
-        behaviour = batch.behaviour_logprobs[part].to(self.device)
+    def _micro_loss(self, micro):
+        ids = micro.input_ids.to(self.device)
+        mask = micro.loss_mask.to(self.device)
+        logprobs = self.token_logprobs(ids, micro.attention_mask.to(self.device))
+        behaviour = micro.behaviour_logprobs.to(self.device)
         old = logprobs.detach() if self.loss_cfg.decoupled else behaviour
-        loss, metrics = policy_loss(logprobs, old, batch.advantages[part].to(self.device), mask, self.loss_cfg,
+        loss, metrics = policy_loss(logprobs, old, micro.advantages.to(self.device), mask, self.loss_cfg,
                                     behaviour_logprobs=behaviour)
         return loss, metrics, mask
 

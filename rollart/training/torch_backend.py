@@ -28,6 +28,23 @@ class Batch:
     rewards: torch.Tensor  # [B]
     group_ids: list[str]
 
+    def micro_batches(self, rows: range, size: int) -> list["Batch"]:
+        """``rows`` in micro-batches of up to ``size``, shortest rows first, each cut to its own longest
+        row: collate pads every row to the batch's longest, and a micro-batch of short rows would
+        otherwise compute over that padding (in the demo's batches, 15-25% of the padded tokens).
+        Rows are right-padded, so the columns cut carry no token any kept position attends to."""
+        lengths = self.attention_mask.sum(dim=1)
+        order = sorted(rows, key=lambda i: int(lengths[i]))
+        return [self._rows(order[k:k + size], int(lengths[order[k:k + size]].max()))
+                for k in range(0, len(order), size)]
+
+    def _rows(self, rows: list[int], width: int) -> "Batch":
+        index = torch.tensor(rows, dtype=torch.long)
+        width = max(width, 2)  # one predicted position at least
+        return Batch(self.input_ids[index, :width], self.attention_mask[index, :width],
+                     self.loss_mask[index, :width - 1], self.behaviour_logprobs[index, :width - 1],
+                     self.advantages[index], self.rewards[index], [self.group_ids[i] for i in rows])
+
 
 def turn_samples(trajectory) -> list[tuple[int, list[int]]]:
     """Per-step samples of a multi-turn trajectory: ``[(end, mask)]``, one per LLM turn, each the
@@ -92,7 +109,7 @@ class AccumulatingBackend:
     """One optimiser step per batch over micro-batches; a backend supplies ``_micro_loss`` and holds
     ``model``, ``optimizer``, ``micro_batch``, ``loss_cfg``, ``grad_clip`` and ``step``."""
 
-    def _micro_loss(self, batch: Batch, part: slice) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def _micro_loss(self, micro: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         raise NotImplementedError
 
     def train_step(self, batch: Batch) -> dict[str, float]:
@@ -109,9 +126,8 @@ class AccumulatingBackend:
         sum to the whole batch's gradient, and so do the returned metrics."""
         total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {}
-        for start in range(rows.start, rows.stop, self.micro_batch):
-            part = slice(start, min(start + self.micro_batch, rows.stop))
-            loss, m, mask = self._micro_loss(batch, part)
+        for micro in batch.micro_batches(rows, self.micro_batch):
+            loss, m, mask = self._micro_loss(micro)
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
                      else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()
@@ -159,19 +175,19 @@ class TorchBackend(AccumulatingBackend):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
 
-    def _micro_loss(self, batch: Batch, part: slice) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        ids = batch.input_ids[part].to(self.device)
-        attention = batch.attention_mask[part].to(self.device)
-        mask = batch.loss_mask[part].to(self.device)
+    def _micro_loss(self, micro: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        ids = micro.input_ids.to(self.device)
+        attention = micro.attention_mask.to(self.device)
+        mask = micro.loss_mask.to(self.device)
         cfg = self.loss_cfg
         logprobs, entropy = token_logprobs(self.model, ids, attention, with_entropy=True)
-        behaviour = batch.behaviour_logprobs[part].to(self.device)
+        behaviour = micro.behaviour_logprobs.to(self.device)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
                 ref = token_logprobs(self.reference, ids, attention)
         old = logprobs.detach() if cfg.decoupled else behaviour
-        loss, metrics = policy_loss(logprobs, old, batch.advantages[part].to(self.device), mask, cfg,
+        loss, metrics = policy_loss(logprobs, old, micro.advantages.to(self.device), mask, cfg,
                                     behaviour_logprobs=behaviour, ref_logprobs=ref,
                                     entropy=entropy if cfg.entropy_coef else None)
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))

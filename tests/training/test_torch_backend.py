@@ -50,3 +50,34 @@ def test_grpo_steps_raise_the_rewarded_action_and_checkpoints_round_trip(tiny_mo
     assert restored.step == 5
     for a, b in zip(backend.model.state_dict().values(), restored.model.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def _gradient(backend, batch, micro_batch: int) -> tuple[torch.Tensor, dict[str, float]]:
+    backend.micro_batch = micro_batch
+    backend.optimizer.zero_grad(set_to_none=True)
+    metrics = backend.accumulate(batch, range(batch.input_ids.shape[0]))
+    return torch.cat([p.grad.reshape(-1) for p in backend.model.parameters()]), metrics
+
+
+def test_micro_batches_take_rows_by_length_cut_to_their_longest_and_keep_the_gradient(tiny_model):
+    """Rows of very uneven lengths: micro-batches hold the shortest rows first, each only as wide as
+    its longest row, and the accumulated gradient and metrics are those of the whole batch in one."""
+    from rollart.bench.trainer_step import shaped_batch
+    import random
+
+    lengths = [90, 12, 40, 13, 88, 30, 11, 60]
+    batch = collate(shaped_batch(lengths, [n // 3 for n in lengths], 4, 400, random.Random(0)), pad_id=0,
+                    norm="group")
+    micro = batch.micro_batches(range(8), 3)
+    assert [m.input_ids.shape for m in micro] == [(3, 13), (3, 60), (2, 90)]
+    assert [m.loss_mask.shape[1] for m in micro] == [12, 59, 89]
+    assert sorted(sum([m.group_ids for m in micro], [])) == sorted(batch.group_ids)
+    assert [int(m.attention_mask.sum()) for m in micro] == [11 + 12 + 13, 30 + 40 + 60, 88 + 90]
+    backend = TorchBackend(tiny_model, lr=1e-3, loss=PolicyLossConfig(algorithm="grpo"), device="cpu")
+    whole, whole_metrics = _gradient(backend, batch, 8)
+    parts, parts_metrics = _gradient(backend, batch, 3)
+    assert torch.allclose(whole, parts, atol=1e-6, rtol=1e-4), float((whole - parts).abs().max())
+    for key, value in whole_metrics.items():
+        assert abs(value - parts_metrics[key]) < 1e-5, key
+    shard = batch.micro_batches(range(4, 8), 2)  # a data-parallel rank's rows: its own, sorted
+    assert [m.input_ids.shape for m in shard] == [(2, 30), (2, 88)]
