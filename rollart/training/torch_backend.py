@@ -94,15 +94,38 @@ def collate(samples: list[ScoredTrajectory], *, pad_id: int, norm: str = "group"
                  [group_ids[i] for i in index.tolist()])
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log p(token t+1 | tokens <= t) for every position: ``[B, L-1]`` (and the entropy there)."""
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False,
+                   where: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log p(token t+1 | tokens <= t) for every position: ``[B, L-1]`` (and the entropy there).
+
+    ``where`` (``[B, L-1]``, the loss mask): the output layer and the softmax over the vocabulary run
+    only at those positions; the rest are 0. An agent's turns train a few generated tokens after long
+    observations, so most positions need no logits (a model whose head does more than a linear layer,
+    such as Gemma's soft-capping, takes the full path)."""
+    if where is not None and _plain_head(model):
+        keep = where.bool()
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[:, :-1][keep]).float()
+        log_probs = torch.log_softmax(logits, dim=-1)
+        picked = log_probs.gather(-1, input_ids[:, 1:][keep].unsqueeze(-1)).squeeze(-1)
+        spread = torch.zeros(keep.shape, dtype=picked.dtype, device=picked.device)
+        if not with_entropy:
+            return spread.masked_scatter(keep, picked)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return spread.masked_scatter(keep, picked), spread.masked_scatter(keep, entropy)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     log_probs = torch.log_softmax(logits, dim=-1)
     picked = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return picked
     return picked, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _plain_head(model) -> bool:
+    """The causal LM's logits are its output layer applied to its decoder's last hidden state."""
+    config = getattr(model, "config", None)
+    return (hasattr(model, "get_decoder") and model.get_output_embeddings() is not None
+            and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) is None)
 
 
 class AccumulatingBackend:
@@ -180,12 +203,12 @@ class TorchBackend(AccumulatingBackend):
         attention = micro.attention_mask.to(self.device)
         mask = micro.loss_mask.to(self.device)
         cfg = self.loss_cfg
-        logprobs, entropy = token_logprobs(self.model, ids, attention, with_entropy=True)
+        logprobs, entropy = token_logprobs(self.model, ids, attention, with_entropy=True, where=mask)
         behaviour = micro.behaviour_logprobs.to(self.device)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.reference, ids, attention)
+                ref = token_logprobs(self.reference, ids, attention, where=mask)
         old = logprobs.detach() if cfg.decoupled else behaviour
         loss, metrics = policy_loss(logprobs, old, micro.advantages.to(self.device), mask, cfg,
                                     behaviour_logprobs=behaviour, ref_logprobs=ref,

@@ -81,3 +81,27 @@ def test_micro_batches_take_rows_by_length_cut_to_their_longest_and_keep_the_gra
         assert abs(value - parts_metrics[key]) < 1e-5, key
     shard = batch.micro_batches(range(4, 8), 2)  # a data-parallel rank's rows: its own, sorted
     assert [m.input_ids.shape for m in shard] == [(2, 30), (2, 88)]
+
+
+def test_logprobs_only_where_trained_equal_the_full_ones_there_and_so_do_their_gradients(tiny_model):
+    """``where``: the output layer runs only at the loss mask's positions; there the logprobs, the
+    entropy and the gradient they give are those of the full computation, elsewhere the values are 0."""
+    from rollart.bench.trainer_step import shaped_batch
+    import random
+
+    lengths = [50, 23, 37]
+    batch = collate(shaped_batch(lengths, [3, 5, 2], 3, 400, random.Random(1)), pad_id=0)
+    backend = TorchBackend(tiny_model, device="cpu")
+    mask = batch.loss_mask.bool()
+    results = []
+    for where in (None, batch.loss_mask):
+        backend.model.zero_grad(set_to_none=True)
+        picked, entropy = token_logprobs(backend.model, batch.input_ids, batch.attention_mask, with_entropy=True,
+                                         where=where)
+        (picked[mask].sum() + entropy[mask].sum()).backward()
+        results.append((picked, entropy, torch.cat([p.grad.reshape(-1) for p in backend.model.parameters()])))
+    (full, full_entropy, full_grad), (part, part_entropy, part_grad) = results
+    assert int(mask.sum()) == 10 and torch.allclose(full[mask], part[mask], atol=1e-5)
+    assert torch.allclose(full_entropy[mask], part_entropy[mask], atol=1e-5)
+    assert not part[~mask].any() and not part_entropy[~mask].any()
+    assert torch.allclose(full_grad, part_grad, atol=1e-5, rtol=1e-4), float((full_grad - part_grad).abs().max())
