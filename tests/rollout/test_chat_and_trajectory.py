@@ -50,3 +50,31 @@ def test_loss_mask_covers_only_generated_tokens():
     assert list(built.versions) == [-1, -1, -1, 4, 5, -1]
     assert list(built.logprobs) == [0, 0, 0, -0.5, -0.25, 0]
     assert (built.prompt_len, built.turns, built.start_version, built.end_version) == (3, 1, 4, 5)
+
+
+def test_a_generic_tokenizer_loads_without_torch_and_any_other_through_autotokenizer(tiny_model, tmp_path):
+    """The stages that only tokenize (env, reward) load a generic fast tokenizer without AutoTokenizer,
+    whose imports pull in torch (seconds of a small machine's CPU at every start); a model-specific
+    class still goes through AutoTokenizer. Either way the chat format's tokens are the same."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    probe = ("import sys; from rollart.rollout.chat import ChatFormat; "
+             f"c = ChatFormat.from_pretrained({str(tiny_model)!r}); "
+             "print(int('torch' in sys.modules), type(c.tokenizer).__name__, c.initial('rules', 'P _ _'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    torch_loaded, class_name, ids = done.stdout.split(" ", 2)
+    assert torch_loaded == "0" and class_name == "TokenizersBackend", done.stdout
+
+    from transformers import AutoTokenizer
+
+    from rollart.rollout.chat import ChatFormat, load_tokenizer
+
+    specific = shutil.copytree(tiny_model, tmp_path / "qwen2-named")
+    config = json.loads((specific / "tokenizer_config.json").read_text())
+    (specific / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    assert type(load_tokenizer(specific)) is type(AutoTokenizer.from_pretrained(str(specific)))
+    assert ChatFormat.from_pretrained(specific).initial("rules", "P _ _") == json.loads(ids)
