@@ -49,21 +49,39 @@ def small_job(endpoints, tiny_model, **overrides) -> dict:
 
 
 def start(config: dict, tmp_path, steps: int) -> tuple[subprocess.Popen, object]:
+    """`rollart run` of ``config``; its output goes to a file, not a pipe: a test polls for minutes
+    without reading, and a run that filled a pipe would stall in its next print."""
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", str(path), "--steps", str(steps),
-                             "--out", str(out), "--timeout", "600"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    output = tmp_path / "run-output.txt"
+    with output.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", str(path), "--steps", str(steps),
+                                 "--out", str(out), "--timeout", "600"], cwd=REPO, stdout=sink,
+                                stderr=subprocess.STDOUT, text=True)
+    proc.output_path = output  # type: ignore[attr-defined]
     return proc, out
 
 
-def finish(proc: subprocess.Popen, out) -> dict:
+def ended(proc: subprocess.Popen, timeout: float) -> str:
+    """The run's output once it exits; killed, and its output's tail in the failure, if it does not."""
+    path = getattr(proc, "output_path", None)
     try:
-        output, _ = proc.communicate(timeout=600)
+        if path is None:
+            output, _ = proc.communicate(timeout=timeout)
+            return output
+        proc.wait(timeout=timeout)
+        return path.read_text(errors="replace")
+    except subprocess.TimeoutExpired:
+        tail = path.read_text(errors="replace")[-4000:] if path is not None else ""
+        raise AssertionError(f"rollart run did not exit within {timeout:.0f} s; its output ends:\n{tail}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def finish(proc: subprocess.Popen, out) -> dict:
+    output = ended(proc, 600)
     assert proc.returncode == 0, output[-3000:]
     return json.loads((out / "report.json").read_text())

@@ -13,7 +13,7 @@ from rollart.config import ConfigError, build_config
 from rollart.job.scale import ScaleRequest, validated
 from rollart.state import PoolRegistry
 from tests.conftest import REPO
-from tests.job.harness import small_job, start, trained_steps, wait
+from tests.job.harness import ended, small_job, start, trained_steps, wait
 
 
 def test_a_scale_request_is_checked_naming_what_is_wrong():
@@ -98,7 +98,7 @@ def test_generation_and_env_grow_then_shrink_mid_run(endpoints, tiny_model, tmp_
         wait(lambda: len(trained_steps(out)) >= shrunk_at + 1, 300, "a step after shrinking", proc)
         assert {"gen-default-1", "env-1"}.isdisjoint(pids()), "a retired member is not restarted"
         proc.send_signal(signal.SIGINT)  # rollart run stops its stages and writes the report of what it trained
-        proc.communicate(timeout=180)
+        ended(proc, 180)
     finally:
         if proc.poll() is None:
             proc.kill()
