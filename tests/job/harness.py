@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
@@ -74,11 +75,31 @@ def ended(proc: subprocess.Popen, timeout: float) -> str:
         return path.read_text(errors="replace")
     except subprocess.TimeoutExpired:
         tail = path.read_text(errors="replace")[-4000:] if path is not None else ""
-        raise AssertionError(f"rollart run did not exit within {timeout:.0f} s; its output ends:\n{tail}") from None
+        raise AssertionError(f"rollart run did not exit within {timeout:.0f} s; where it waits:\n"
+                             f"{waiting_on(proc.pid)}\nits output ends:\n{tail}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def waiting_on(pid: int) -> str:
+    """A hung process's threads (name, state, kernel wait channel) and its live children, from /proc."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            name = (task / "comm").read_text().strip()
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            lines.append(f"  thread {task.name} {name} {state} {(task / 'wchan').read_text().strip()}")
+        except OSError:
+            continue
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((child / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                lines.append(f"  child {child.name}: {(child / 'cmdline').read_text().replace(chr(0), ' ')[:200]}")
+        except (OSError, ValueError, IndexError):
+            continue
+    return "\n".join(lines)
 
 
 def finish(proc: subprocess.Popen, out) -> dict:
