@@ -7,7 +7,7 @@ trainer publishes ``state_dict()`` exactly as with the PyTorch backend.
 
 The name/layout conversion is plain tensor code (tested on CPU). Megatron-core's GPTModel itself
 needs CUDA (its rotary embedding calls ``torch.cuda``), so the backend refuses to start without a
-GPU; ``scripts/device/megatron_check.py`` checks it against the Hugging Face forward on a GPU.
+GPU; ``scripts/device/trainer_check.py`` checks it against the PyTorch backend on a GPU.
 Tensor/pipeline parallelism are 1 here: the conversion is written for unsharded tensors. Data
 parallelism is the trainer's (``trainer.world_size``): the ranks join first, and Megatron's parallel
 state is made over them (data-parallel size = world size).

@@ -35,8 +35,8 @@ class Batch:
         Rows are right-padded, so the columns cut carry no token any kept position attends to."""
         lengths = self.attention_mask.sum(dim=1)
         order = sorted(rows, key=lambda i: int(lengths[i]))
-        return [self._rows(order[k:k + size], int(lengths[order[k:k + size]].max()))
-                for k in range(0, len(order), size)]
+        chunks = [order[k:k + size] for k in range(0, len(order), size)]
+        return [self._rows(chunk, int(lengths[chunk[-1]])) for chunk in chunks]  # sorted: the last is longest
 
     def _rows(self, rows: list[int], width: int) -> "Batch":
         index = torch.tensor(rows, dtype=torch.long)

@@ -1,7 +1,7 @@
 """The Megatron backend against the PyTorch one on the same batch: ``python megatron_compare.py MODEL [cpu|cuda]``.
 
-Run on CPU by test_megatron_backend.py, and on CUDA by scripts/device/megatron_check.sh when a
-session has a GPU. Megatron-core is a GPU library; on CPU two test-only shims let its GPTModel run:
+Run on CPU by test_megatron_backend.py (scripts/device/trainer_check.py makes the same comparison on
+a GPU). Megatron-core is a GPU library; on CPU two test-only shims let its GPTModel run:
 ``torch.cuda.current_device`` (asked for by the rotary embedding) answers "cpu", and the CUDA RNG
 tracker's fork (used around dropout, which is 0) is a no-op. Prints one JSON line of figures.
 """

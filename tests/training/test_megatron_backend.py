@@ -1,7 +1,7 @@
 """The Megatron-core backend: Qwen2 ↔ Megatron conversion, and training equal to the PyTorch backend.
 
 Megatron-core runs here on CPU with two test-only shims (see megatron_compare.py); on a GPU machine
-scripts/device/megatron_check.py runs the same comparison on CUDA without them.
+scripts/device/trainer_check.py runs the same comparison on CUDA without them.
 """
 
 from __future__ import annotations
