@@ -317,6 +317,12 @@ def main() -> None:
     rdzv = Rendezvous.from_env(config.trainer.world_size)
     assert rdzv is not None, "a child rank is started with RANK set"
     run_rank(config, rdzv)
+    # Stopped cleanly: exit now, past the interpreter's teardown, where gloo's C++ threads can still
+    # be alive and abort the process ("terminate called without an active exception", pytorch#179291).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
