@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +50,13 @@ def small_job(endpoints, tiny_model, **overrides) -> dict:
     return config
 
 
+def ctrl_c_reaches_it() -> None:
+    """A runner's ``preexec_fn``: SIGINT as a terminal's Ctrl-C delivers it, whatever the test process
+    inherited (a shell starts a background job, ``pytest &`` or a CI script's, with SIGINT ignored,
+    and its children inherit that: a run told to stop with SIGINT would go on training)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(config: dict, tmp_path, steps: int) -> tuple[subprocess.Popen, object]:
     """`rollart run` of ``config``; its output goes to a file, not a pipe: a test polls for minutes
     without reading, and a run that filled a pipe would stall in its next print."""
@@ -59,7 +67,7 @@ def start(config: dict, tmp_path, steps: int) -> tuple[subprocess.Popen, object]
     with output.open("w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "rollart.cli", "run", str(path), "--steps", str(steps),
                                  "--out", str(out), "--timeout", "600"], cwd=REPO, stdout=sink,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
     proc.output_path = output  # type: ignore[attr-defined]
     return proc, out
 

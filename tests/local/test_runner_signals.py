@@ -33,6 +33,7 @@ import yaml
 from rollart.local.stack import (STACK_ENV, STACK_FILE, LocalStack, StackState, _spawn, pid_alive, reap_stale,
                                  stack_of)
 from tests.conftest import REPO, SUITE_BROKER
+from tests.job.harness import ctrl_c_reaches_it
 
 ROLLART = [sys.executable, "-m", "rollart.cli"]
 GONE_WITHIN_S = 20.0  # a JVM's shutdown, and a stage told to stop while it imports torch, on 2 busy cores
@@ -86,11 +87,9 @@ def assert_none_survive(folder: Path, pids: list[int], within_s: float = GONE_WI
 
 
 def start(argv: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    # SIGINT as a terminal's Ctrl-C delivers it, whatever this test process inherited
     with open(tmp_path / "runner.log", "w") as log:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                stdin=subprocess.DEVNULL, preexec_fn=ctrl_c_reaches_it)
 
 
 def output(tmp_path: Path) -> str:
