@@ -4,7 +4,7 @@ switched back and forth inside one run.
 Whole runs on a shared machine drift by more than the effect measured here (±15% seconds per step
 between runs of the same job), so the settings take turns inside one ``rollart run``: every
 ``block`` steps every thread of every stage but the trainer (vLLM's engine core and worker
-included) is switched to the next setting (``os.sched_setscheduler`` and ``os.setpriority``). A
+included), or with ``--switch stack`` of the run's own broker, Redis and Mooncake, is switched to the next setting (``os.sched_setscheduler`` and ``os.setpriority``). A
 block's first step straddles the switch and is left out. Each block's median seconds per step is
 held to the baseline's (the first setting: "runner", every stage scheduled as the runner is) at the
 same point of the run, interpolated between the baseline blocks either side; a setting's figure is the
@@ -17,9 +17,12 @@ import asyncio
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rollart.config import MachineConfig, RollartConfig, StageScheduling
+from rollart.local.supervision import STACK, schedule_threads
+
+Switched = Literal["rollout", "stack"]  # every stage but the trainer, or the local stack's services
 
 # The settings a run switches between, by name; "runner" first: the ratios are against it.
 SETTINGS: dict[str, StageScheduling] = {
@@ -28,29 +31,6 @@ SETTINGS: dict[str, StageScheduling] = {
     "batch": StageScheduling(policy="batch"),
     "nice+batch": StageScheduling(nice=10, policy="batch"),
 }
-POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH}
-
-
-def schedule_threads(pids: list[int], setting: StageScheduling, base_nice: int) -> int:
-    """Every thread of ``pids`` and of their descendants under ``setting`` (niceness relative to
-    ``base_nice``); returns how many threads were set. Threads that end meanwhile are skipped."""
-    from rollart.proctree import descendants, process_table
-
-    table = process_table()
-    done = 0
-    for pid in {p for root in pids for p in (root, *descendants(root, table))}:
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                os.sched_setscheduler(tid, POLICIES[setting.policy], os.sched_param(0))
-                os.setpriority(os.PRIO_PROCESS, tid, base_nice + setting.nice)
-            except ProcessLookupError:
-                continue
-            done += 1
-    return done
 
 
 def can_lower_niceness() -> bool:
@@ -95,19 +75,28 @@ def against_baseline(blocks: list[tuple[str, float]], baseline: str) -> dict[str
     return ratios
 
 
-async def _switch(out: Path, settings: list[str], block: int, steps: int, switches: list[tuple[int, str]]) -> None:
-    """Apply the settings in turn, each for ``block`` steps, until the run's last steps."""
+def _switched_pids(out: Path, switched: Switched) -> list[int]:
+    """The processes a setting applies to: every stage but the trainer, or the run's own stack."""
     from rollart.chaos.inject import stage_pids
+    from rollart.local.stack import STACK_FILE
+    from rollart.local.state import StackState
     from rollart.stages.registry import stage_of_process
+
+    if switched == "stack":
+        state = StackState.read(out / "stack" / STACK_FILE)
+        return [pid for pid in state.pids() if pid] if state is not None else []
+    return [pid for name, pid in stage_pids(out).items() if stage_of_process(name) != "trainer"]
+
+
+async def _switch(out: Path, settings: list[str], block: int, steps: int, switches: list[tuple[int, str]],
+                  switched: Switched) -> None:
+    """Apply the settings in turn, each for ``block`` steps, until the run's last steps."""
     from rollart.training.checkpoint import CheckpointStore
 
     store, base_nice = CheckpointStore(out / "checkpoints"), os.nice(0)
 
     def recorded() -> int:
         return sum(1 for r in store.read_record() if "event" not in r)
-
-    def rollout_pids() -> list[int]:
-        return [pid for name, pid in stage_pids(out).items() if stage_of_process(name) != "trainer"]
 
     while recorded() < 2:  # the engine is loaded and steps are flowing
         await asyncio.sleep(0.5)
@@ -117,15 +106,18 @@ async def _switch(out: Path, settings: list[str], block: int, steps: int, switch
         turn += 1
         switches.append((now, name))
         while recorded() < min(now + block, steps - 1):
-            await asyncio.to_thread(schedule_threads, rollout_pids(), SETTINGS[name], base_nice)  # threads born since
+            await asyncio.to_thread(schedule_threads, _switched_pids(out, switched), SETTINGS[name], base_nice)
             await asyncio.sleep(0.25)
 
 
 async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: Path, steps: int = 110,
-                           block: int = 6, settings: tuple[str, ...] = ("runner", "nice+batch")) -> dict[str, Any]:
+                           block: int = 6, settings: tuple[str, ...] = ("runner", "nice+batch"),
+                           switched: Switched = "rollout") -> dict[str, Any]:
     from rollart.job.run import RunOptions, run_job
     from rollart.training.checkpoint import CheckpointStore
 
+    if switched not in ("rollout", "stack"):
+        raise ValueError(f"--switch {switched}: rollout or stack")
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown or len(settings) < 2:
         raise ValueError(f"settings {list(settings)}: name two or more of {', '.join(SETTINGS)}")
@@ -133,9 +125,11 @@ async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: P
         raise PermissionError("switching between nicenesses needs CAP_SYS_NICE to lower one again: run this "
                               "benchmark as root (or with a RLIMIT_NICE that allows it)")
     out = work_dir / "run"
-    config = config.model_copy(update={"machine": MachineConfig(scheduling={})})  # the switcher decides
+    # the switcher decides for what it switches; the rest keeps the job's plan
+    plan = {} if switched == "rollout" else {k: v for k, v in config.machine.scheduling.items() if k != STACK}
+    config = config.model_copy(update={"machine": MachineConfig(scheduling=plan)})
     switches: list[tuple[int, str]] = []
-    switching = asyncio.create_task(_switch(out, list(settings), block, steps, switches))
+    switching = asyncio.create_task(_switch(out, list(settings), block, steps, switches, switched))
     try:
         await run_job(job_yaml, config, RunOptions(steps=steps, out=out, timeout_s=7200))
     finally:
@@ -158,4 +152,5 @@ async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: P
                      "block_medians": [round(b, 3) for b in own]})
     return {"benchmark": "scheduling", "rows": rows, "switches": switches,
             "speedup": 1 / rows[-1]["vs_runner"],
-            "setup": {"config": str(job_yaml), "steps": steps, "block": block, "settings": list(settings)}}
+            "setup": {"config": str(job_yaml), "steps": steps, "block": block, "settings": list(settings),
+                      "switched": switched}}

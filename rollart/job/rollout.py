@@ -20,7 +20,7 @@ from rollart.config import RollartConfig
 from rollart.local.endpoints import job_endpoints, run_config, stage_logins
 from rollart.local.observer import RunObserver, observing
 from rollart.local.processes import StageProcesses
-from rollart.local.supervision import stage_scheduling, start_stages
+from rollart.local.supervision import schedule_stack, stage_scheduling, start_stages
 from rollart.models.tiny import ensure_model
 from rollart.stages.registry import ROLLOUT_COLLECTOR
 from rollart.topics.admin import apply_topics
@@ -61,6 +61,7 @@ async def rollout(config_path: Path, config: RollartConfig, *, trajectories: int
     with job_endpoints(config, out / "stack", secure=secure) as endpoints:
         job = f"{config.job}-{uuid.uuid4().hex[:6]}"
         cfg = run_config(config, endpoints, job)
+        schedule_stack(cfg, out / "stack")
         await apply_topics(cfg, endpoints)
         procs = StageProcesses(config_path, endpoints, job, out / "logs",
                                extra_env={"ROLLART_FEEDER_ALPHA": "null", "ROLLART_FEEDER_MAX_GROUPS": str(groups)},

@@ -33,7 +33,8 @@ from rollart.job.report import build_report, eval_record, read_evals, write_repo
 from rollart.local.endpoints import job_endpoints, run_config
 from rollart.local.observer import RunObserver, observing
 from rollart.local.processes import StageProcesses, write_prometheus_config
-from rollart.local.supervision import shared_machine_threads, stage_scheduling, start_stages, supervise, write_pids
+from rollart.local.supervision import (schedule_stack, shared_machine_threads, stage_scheduling, start_stages, supervise,
+                                      write_pids)
 from rollart.models.tiny import ensure_model
 from rollart.runtime import open_runtime
 from rollart.stages.feeder import sources_from
@@ -108,6 +109,7 @@ async def _run_on_stack(config_path: Path, config: RollartConfig, job: str, opts
     """The stack and every stage, followed until the steps are trained, then stopped; the weight loads."""
     with job_endpoints(config, opts.out / "stack", mooncake=None) as endpoints:
         cfg = run_config(config, endpoints, job)
+        schedule_stack(cfg, opts.out / "stack")
         await apply_topics(cfg, endpoints)
         procs = StageProcesses(config_path, endpoints, job, opts.out / "logs", extra_env={
             "ROLLART_TRAINER_CHECKPOINT_DIR": str(checkpoints.root),

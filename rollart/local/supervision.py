@@ -54,11 +54,51 @@ def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
     return {"ROLLART_TRAINER_TORCH_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
 
 
+STACK = "stack"  # machine.scheduling's key for the local stack's services (broker, Redis, Mooncake)
+POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH}
+
+
 def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
-    """``machine.scheduling``, its keys held to the registry's stages (a typo would otherwise schedule
-    nothing differently)."""
-    unknown = sorted(set(config.machine.scheduling) - set(STAGES))
+    """``machine.scheduling``, its keys held to the registry's stages and ``stack`` (a typo would
+    otherwise schedule nothing differently)."""
+    unknown = sorted(set(config.machine.scheduling) - set(STAGES) - {STACK})
     if unknown:
         raise ConfigError(f"machine.scheduling: {', '.join(unknown)} is not a stage; the stages are "
-                          f"{', '.join(STAGES)}")
+                          f"{', '.join(STAGES)}, and {STACK} is the local stack's services")
     return dict(config.machine.scheduling)
+
+
+def schedule_threads(pids: list[int], setting: StageScheduling, base_nice: int) -> int:
+    """Every thread of ``pids`` and of their descendants under ``setting`` (niceness relative to
+    ``base_nice``); returns how many threads were set. Threads that end meanwhile are skipped."""
+    from rollart.proctree import descendants, process_table
+
+    table = process_table()
+    done = 0
+    for pid in {p for root in pids for p in (root, *descendants(root, table))}:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setscheduler(tid, POLICIES[setting.policy], os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, base_nice + setting.nice)
+            except ProcessLookupError:
+                continue
+            done += 1
+    return done
+
+
+def schedule_stack(config: RollartConfig, stack_dir: Path) -> int:
+    """The services of the stack this process started in ``stack_dir`` (none when the run uses
+    configured endpoints or another's stack) under ``machine.scheduling.stack``: threads set. Set once
+    they serve: a thread a service starts later inherits its creator's setting."""
+    from rollart.local.stack import STACK_FILE
+    from rollart.local.state import StackState
+
+    setting = config.machine.scheduling.get(STACK)
+    state = StackState.read(stack_dir / STACK_FILE) if setting is not None else None
+    if setting is None or state is None or state.owner_pid != os.getpid():
+        return 0
+    return schedule_threads([p for p in state.pids() if p is not None], setting, os.nice(0))

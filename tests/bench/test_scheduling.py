@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from rollart.bench.scheduling import SETTINGS, against_baseline, block_figures, can_lower_niceness, schedule_threads
+from rollart.bench.scheduling import SETTINGS, against_baseline, block_figures, can_lower_niceness
+from rollart.local.supervision import schedule_threads
 
 # A process with two extra threads and a child of its own, all asleep.
 TREE = ("import subprocess, sys, threading, time\n"
@@ -68,3 +69,15 @@ def test_a_setting_is_held_to_the_baseline_blocks_either_side_as_the_run_slows()
     assert ratios["b"] == pytest.approx([0.9, 0.9, 0.9]), "interpolated inside, the nearest baseline at the end"
     assert ratios["c"] == pytest.approx([1.0])
     assert against_baseline([("b", 1.0)], "runner") == {}
+
+
+def test_switch_stack_takes_the_runs_own_services(tmp_path):
+    from rollart.bench.scheduling import _switched_pids
+    from rollart.local.stack import STACK_FILE
+    from rollart.local.state import StackState
+
+    assert _switched_pids(tmp_path, "stack") == [], "a run on configured endpoints has no services of its own"
+    (tmp_path / "stack").mkdir()
+    StackState(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:2/0", broker_pid=11, redis_pid=None,
+               log_dir=str(tmp_path), started_at=0.0, mooncake_pids=[12, 13]).write(tmp_path / "stack" / STACK_FILE)
+    assert sorted(_switched_pids(tmp_path, "stack")) == [11, 12, 13], "Redis not started by the run is not switched"

@@ -119,7 +119,8 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, list[int]]:
 
 
 JOB = {"job": "sigtest", "pools": ["default"], "feeder": {"group_size": 2, "groups_per_batch": 1},
-       "trainer": {"micro_batch": 2}, "machine": {"scheduling": {"env": {"nice": 3, "policy": "batch"}, "feeder": {"nice": 2}}},
+       "trainer": {"micro_batch": 2}, "machine": {"scheduling": {
+           "env": {"nice": 3, "policy": "batch"}, "feeder": {"nice": 2}, "stack": {"nice": 4, "policy": "batch"}}},
        "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {}, "max_turns": 2, "reward": {"type": "env"}}}}
 
 
@@ -145,6 +146,9 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
             assert scheduled == {"gen-default-0": (0, False), "env-0": (3, True), "reward-0": (0, False),
                                  "trainer": (0, False), "feeder": (2, False)}, \
                 "each stage runs at the niceness and policy machine.scheduling gives it"
+            threads = [int(t) for pid in stack_pids(out / "stack" / STACK_FILE) for t in os.listdir(f"/proc/{pid}/task")]
+            assert {(os.getpriority(os.PRIO_PROCESS, t) - os.nice(0), os.sched_getscheduler(t)) for t in threads} \
+                == {(4, os.SCHED_BATCH)}, "every thread of the run's own stack (the broker's JVM too) as `stack` says"
         code, below = stop(proc, sig)
     finally:
         if proc.poll() is None:

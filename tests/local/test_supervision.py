@@ -1,4 +1,5 @@
-"""The CPU plan of a run on one machine: ``machine.scheduling`` names stages, and a typo fails at start-up."""
+"""The CPU plan of a run on one machine: ``machine.scheduling`` names stages (and ``stack``, the local
+stack's services), and a typo fails at start-up."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from rollart.local.supervision import stage_scheduling
 
 
 def test_machine_scheduling_names_registered_stages_and_a_typo_fails_naming_it():
-    plan = stage_scheduling(build_config({"machine": {"scheduling": {"env": {"nice": 5, "policy": "batch"}}}}))
-    assert plan == {"env": StageScheduling(nice=5, policy="batch")}
+    plan = stage_scheduling(build_config({"machine": {"scheduling": {"env": {"nice": 5, "policy": "batch"},
+                                                                     "stack": {"nice": 10}}}}))
+    assert plan == {"env": StageScheduling(nice=5, policy="batch"), "stack": StageScheduling(nice=10)}
     with pytest.raises(ConfigError, match=r"machine\.scheduling: gen is not a stage; the stages are generation, env"):
         stage_scheduling(build_config({"machine": {"scheduling": {"gen": {"nice": 5}}}}))
 
