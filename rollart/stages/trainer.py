@@ -417,7 +417,7 @@ async def run_trainer(config: RollartConfig, stop: StopRequest, *, resume: bool 
     rdzv = Rendezvous.from_env(config.trainer.world_size) if config.trainer.world_size > 1 else None
     if rdzv is not None and rdzv.rank > 0:
         await asyncio.to_thread(distributed.run_rank, config, rdzv)
-        return
+        distributed.exit_stopped_rank()  # (torchrun, a Kubernetes rank pod) nothing else to close
     checkpoints = CheckpointStore(Path(config.trainer.checkpoint_dir))
     if not resume and checkpoints.latest() is not None:
         raise ConfigError(f"trainer.checkpoint_dir {checkpoints.root} already holds a checkpoint: pass --resume "

@@ -33,7 +33,7 @@ import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -304,6 +304,16 @@ def run_rank(config, rdzv: Rendezvous) -> None:
         dist.destroy_process_group()
 
 
+def exit_stopped_rank() -> NoReturn:
+    """A rank above 0 that rank 0 stopped cleanly exits 0 now, past the interpreter's teardown:
+    there gloo's C++ threads, still alive, can abort the process ("terminate called without an
+    active exception", pytorch#179291), and its supervisor would count a finished rank as failed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main() -> None:
     """A child rank started by :func:`start_local_ranks`. SIGTERM (its process group's stop) does not
     end it: rank 0 finishes its step, then sends stop."""
@@ -317,12 +327,7 @@ def main() -> None:
     rdzv = Rendezvous.from_env(config.trainer.world_size)
     assert rdzv is not None, "a child rank is started with RANK set"
     run_rank(config, rdzv)
-    # Stopped cleanly: exit now, past the interpreter's teardown, where gloo's C++ threads can still
-    # be alive and abort the process ("terminate called without an active exception", pytorch#179291).
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_stopped_rank()
 
 
 if __name__ == "__main__":

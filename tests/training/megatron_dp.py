@@ -32,7 +32,7 @@ def main(model_dir: str) -> None:
     rdzv = Rendezvous.from_env(2)
     if rdzv.rank != 0:
         distributed.run_rank(config, rdzv)
-        return
+        distributed.exit_stopped_rank()
     mg = distributed.data_parallel(config, rdzv, [], build_backend)
     from megatron.core import parallel_state
 
