@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollart.config import MachineConfig, RollartConfig, StageScheduling
-from rollart.local.supervision import STACK, schedule_threads
+from rollart.local.supervision import STACK, own_stack_pids, schedule_threads
 
 Switched = Literal["rollout", "stack"]  # every stage but the trainer, or the local stack's services
 
@@ -78,13 +78,10 @@ def against_baseline(blocks: list[tuple[str, float]], baseline: str) -> dict[str
 def _switched_pids(out: Path, switched: Switched) -> list[int]:
     """The processes a setting applies to: every stage but the trainer, or the run's own stack."""
     from rollart.chaos.inject import stage_pids
-    from rollart.local.stack import STACK_FILE
-    from rollart.local.state import StackState
     from rollart.stages.registry import stage_of_process
 
     if switched == "stack":
-        state = StackState.read(out / "stack" / STACK_FILE)
-        return [pid for pid in state.pids() if pid] if state is not None else []
+        return own_stack_pids(out / "stack")  # the benchmark runs the job in this process
     return [pid for name, pid in stage_pids(out).items() if stage_of_process(name) != "trainer"]
 
 

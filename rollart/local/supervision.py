@@ -90,15 +90,20 @@ def schedule_threads(pids: list[int], setting: StageScheduling, base_nice: int) 
     return done
 
 
-def schedule_stack(config: RollartConfig, stack_dir: Path) -> int:
-    """The services of the stack this process started in ``stack_dir`` (none when the run uses
-    configured endpoints or another's stack) under ``machine.scheduling.stack``: threads set. Set once
-    they serve: a thread a service starts later inherits its creator's setting."""
+def own_stack_pids(stack_dir: Path) -> list[int]:
+    """The services of the stack this process started in ``stack_dir``: none when the run uses
+    configured endpoints or another's stack, or the folder holds a dead run's record."""
     from rollart.local.stack import STACK_FILE
     from rollart.local.state import StackState
 
+    state = StackState.read(stack_dir / STACK_FILE)
+    if state is None or state.owner_pid != os.getpid():
+        return []
+    return [p for p in state.pids() if p is not None]
+
+
+def schedule_stack(config: RollartConfig, stack_dir: Path) -> int:
+    """This process's own stack services in ``stack_dir`` under ``machine.scheduling.stack``:
+    threads set. Set once they serve: a thread a service starts later inherits its creator's setting."""
     setting = config.machine.scheduling.get(STACK)
-    state = StackState.read(stack_dir / STACK_FILE) if setting is not None else None
-    if setting is None or state is None or state.owner_pid != os.getpid():
-        return 0
-    return schedule_threads([p for p in state.pids() if p is not None], setting, os.nice(0))
+    return 0 if setting is None else schedule_threads(own_stack_pids(stack_dir), setting, os.nice(0))

@@ -79,5 +79,6 @@ def test_switch_stack_takes_the_runs_own_services(tmp_path):
     assert _switched_pids(tmp_path, "stack") == [], "a run on configured endpoints has no services of its own"
     (tmp_path / "stack").mkdir()
     StackState(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:2/0", broker_pid=11, redis_pid=None,
-               log_dir=str(tmp_path), started_at=0.0, mooncake_pids=[12, 13]).write(tmp_path / "stack" / STACK_FILE)
+               log_dir=str(tmp_path), started_at=0.0, mooncake_pids=[12, 13],
+               owner_pid=os.getpid()).write(tmp_path / "stack" / STACK_FILE)
     assert sorted(_switched_pids(tmp_path, "stack")) == [11, 12, 13], "Redis not started by the run is not switched"
