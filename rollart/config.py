@@ -155,7 +155,11 @@ class TrainerConfig(Section):
     loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     clip_low: float = Field(default=0.2, ge=0)
     clip_high: float = Field(default=0.28, ge=0)
-    decoupled: bool = True  # AReaL decoupled objective for off-policy (stale) samples
+    # AReaL's decoupled objective for stale samples: the clip acts around a proximal policy, the version
+    # before the one trained (one optimiser step back; exact at staleness 0 and 1), and exp(proximal -
+    # behaviour), capped at importance_cap, weighs older tokens. False: the clip acts around the behaviour
+    # policy (plain PPO). rollart/training/algorithms.py::proximal_logprobs says why one version back.
+    decoupled: bool = True
     importance_cap: float = Field(default=5.0, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)  # KL to the initial (reference) policy
     entropy_coef: float = Field(default=0.0, ge=0)

@@ -311,7 +311,7 @@ async def train_groups(backend, groups: list[Group], config: RollartConfig, *, v
     samples = [s for g in groups for s in g.members.values()]
     staleness = [version - s.trajectory.start_version for s in samples]
     started = time.perf_counter()
-    batch = collate(samples, pad_id=pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step")
+    batch = collate(samples, pad_id=pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step", version=version)
     metrics = await asyncio.to_thread(backend.train_step, batch)
     return samples, staleness, metrics, time.perf_counter() - started
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rollart.training.algorithms import PolicyLossConfig, policy_loss
+from rollart.training.algorithms import PolicyLossConfig, old_logprobs, policy_loss
 from rollart.training.torch_backend import AccumulatingBackend
 
 
@@ -172,7 +172,7 @@ class MegatronBackend(AccumulatingBackend):
         mask = micro.loss_mask.to(self.device)
         logprobs = self.token_logprobs(ids, micro.attention_mask.to(self.device))
         behaviour = micro.behaviour_logprobs.to(self.device)
-        old = logprobs.detach() if self.loss_cfg.decoupled else behaviour
+        old = old_logprobs(self.loss_cfg, logprobs, behaviour, micro.staleness.to(self.device))
         loss, metrics = policy_loss(logprobs, old, micro.advantages.to(self.device), mask, self.loss_cfg,
                                     behaviour_logprobs=behaviour)
         return loss, metrics, mask

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rollart.messages import ScoredTrajectory
-from rollart.training.algorithms import PolicyLossConfig, group_advantages, policy_loss
+from rollart.training.algorithms import PolicyLossConfig, group_advantages, old_logprobs, policy_loss
 
 
 @dataclass
@@ -24,6 +24,7 @@ class Batch:
     attention_mask: torch.Tensor  # [B, L]
     loss_mask: torch.Tensor  # [B, L-1], aligned with the predicted tokens input_ids[:, 1:]
     behaviour_logprobs: torch.Tensor  # [B, L-1]
+    staleness: torch.Tensor  # [B, L-1]: versions between the trained one and the token's (0 off the loss mask)
     advantages: torch.Tensor  # [B]
     rewards: torch.Tensor  # [B]
     group_ids: list[str]
@@ -43,7 +44,7 @@ class Batch:
         width = max(width, 2)  # one predicted position at least
         return Batch(self.input_ids[index, :width], self.attention_mask[index, :width],
                      self.loss_mask[index, :width - 1], self.behaviour_logprobs[index, :width - 1],
-                     self.advantages[index], self.rewards[index], [self.group_ids[i] for i in rows])
+                     self.staleness[index, :width - 1], self.advantages[index], self.rewards[index], [self.group_ids[i] for i in rows])
 
 
 def turn_samples(trajectory) -> list[tuple[int, list[int]]]:
@@ -60,37 +61,46 @@ def turn_samples(trajectory) -> list[tuple[int, list[int]]]:
     return out
 
 
-def collate(samples: list[ScoredTrajectory], *, pad_id: int, norm: str = "group", per_step: bool = False) -> Batch:
+def collate(samples: list[ScoredTrajectory], *, pad_id: int, norm: str = "group", per_step: bool = False,
+            version: int | None = None) -> Batch:
     """Pad scored trajectories into a batch; ``per_step`` makes one sample per LLM turn (the
-    trajectory's advantage on each) instead of one whole-trajectory sample."""
-    rows = []  # (token ids, loss mask, behaviour logprobs, sample index)
+    trajectory's advantage on each) instead of one whole-trajectory sample. ``version``: the policy
+    version being trained, for each token's staleness (None: every token on-policy)."""
+    rows = []  # (token ids, loss mask, behaviour logprobs, staleness, sample index)
     for index, s in enumerate(samples):
         t = s.trajectory
         ids = torch.frombuffer(bytearray(t.token_ids), dtype=torch.int32).long()
         mask = torch.frombuffer(bytearray(t.loss_mask), dtype=torch.uint8).float()
         logprobs = torch.frombuffer(bytearray(t.logprobs), dtype=torch.float32)
+        staleness = torch.zeros_like(logprobs)
+        if version is not None:
+            versions = torch.frombuffer(bytearray(t.versions), dtype=torch.int32).float()
+            staleness = torch.where(mask > 0, (version - versions).clamp(min=0), staleness)
         if per_step:
             for end, turn_mask in turn_samples(t):
-                rows.append((ids[:end], torch.tensor(turn_mask, dtype=torch.float32), logprobs[:end], index))
+                rows.append((ids[:end], torch.tensor(turn_mask, dtype=torch.float32), logprobs[:end],
+                             staleness[:end], index))
         else:
-            rows.append((ids, mask, logprobs, index))
+            rows.append((ids, mask, logprobs, staleness, index))
     length = max(len(r[0]) for r in rows)
     n = len(rows)
     ids = torch.full((n, length), pad_id, dtype=torch.long)
     attention = torch.zeros((n, length), dtype=torch.long)
     mask = torch.zeros((n, length), dtype=torch.float32)
     behaviour = torch.zeros((n, length), dtype=torch.float32)
-    for i, (row_ids, row_mask, row_logprobs, _) in enumerate(rows):
+    stale = torch.zeros((n, length), dtype=torch.float32)
+    for i, (row_ids, row_mask, row_logprobs, row_staleness, _) in enumerate(rows):
         k = len(row_ids)
         ids[i, :k] = row_ids
         attention[i, :k] = 1
         mask[i, :k] = row_mask
         behaviour[i, :k] = row_logprobs
+        stale[i, :k] = row_staleness
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     group_ids = [s.trajectory.group_id for s in samples]
     advantages = group_advantages(rewards, group_ids, norm)
-    index = torch.tensor([r[3] for r in rows], dtype=torch.long)
-    return Batch(ids, attention, mask[:, 1:], behaviour[:, 1:], advantages[index], rewards[index],
+    index = torch.tensor([r[4] for r in rows], dtype=torch.long)
+    return Batch(ids, attention, mask[:, 1:], behaviour[:, 1:], stale[:, 1:], advantages[index], rewards[index],
                  [group_ids[i] for i in index.tolist()])
 
 
@@ -174,9 +184,9 @@ class AccumulatingBackend:
 
 
 class TorchBackend(AccumulatingBackend):
-    """One optimiser step per batch. With one step per batch the proximal policy of the decoupled
-    objective is the current weights before the step, so its logprobs are the forward pass's own,
-    detached: the clip is then inactive and ``exp(proximal - behaviour)`` corrects for staleness."""
+    """One optimiser step per batch. The decoupled objective's proximal policy is the version before the
+    one trained (:func:`~rollart.training.algorithms.proximal_logprobs`), from the forward pass's own
+    logprobs and the behaviour's: no extra forward pass."""
 
     def __init__(self, model_path: str | Path, *, lr: float = 5e-4, micro_batch: int = 8,
                  device: str | None = None, loss: PolicyLossConfig | None = None, grad_clip: float = 1.0):
@@ -209,7 +219,7 @@ class TorchBackend(AccumulatingBackend):
         if self.reference is not None:
             with torch.no_grad():
                 ref = token_logprobs(self.reference, ids, attention, where=mask)
-        old = logprobs.detach() if cfg.decoupled else behaviour
+        old = old_logprobs(cfg, logprobs, behaviour, micro.staleness.to(self.device))
         loss, metrics = policy_loss(logprobs, old, micro.advantages.to(self.device), mask, cfg,
                                     behaviour_logprobs=behaviour, ref_logprobs=ref,
                                     entropy=entropy if cfg.entropy_coef else None)

@@ -12,7 +12,9 @@ from rollart.training.algorithms import (
     group_advantages,
     informative_groups,
     masked_mean,
+    old_logprobs,
     policy_loss,
+    proximal_logprobs,
 )
 
 
@@ -67,6 +69,37 @@ def test_decoupled_importance_weight_and_kl():
     assert math.isclose(metrics["importance_weight_mean"], 2.0, rel_tol=1e-5)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
         policy_loss(new, proximal, torch.tensor([1.0]), torch.tensor([[1]]), cfg)
+
+
+def test_the_proximal_policy_is_one_version_back_exact_at_staleness_zero_and_one():
+    current = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
+    behaviour = torch.tensor([[-3.0, -3.0, -3.0, -5.0]])
+    staleness = torch.tensor([[0, 1, 2, 4]])
+    # s=0: only the current policy is known; s=1: the behaviour policy is the version before;
+    # s=2: halfway in log space between behaviour and current; s=4: three quarters of the way
+    assert proximal_logprobs(current, behaviour, staleness).tolist() == [[-1.0, -3.0, -2.0, -2.0]]
+    assert old_logprobs(PolicyLossConfig(decoupled=False), current, behaviour, staleness) is behaviour
+
+
+def test_decoupled_clip_binds_on_tokens_the_last_step_already_moved():
+    """Staleness 1, one optimiser step per batch: a token whose probability the previous step raised past
+    the clip (ratio 1.5 > 1.28) gets no more push from a positive advantage; on-policy it would."""
+    cfg = PolicyLossConfig(decoupled=True)
+    behaviour = torch.log(torch.tensor([[0.4, 0.4]]))
+    current = torch.log(torch.tensor([[0.6, 0.42]])).requires_grad_()
+    mask = torch.tensor([[1, 1]])
+    old = old_logprobs(cfg, current, behaviour, torch.tensor([[1, 1]]))
+    loss, metrics = policy_loss(current, old, torch.tensor([1.0]), mask, cfg, behaviour_logprobs=behaviour)
+    loss.backward()
+    assert current.grad[0, 0] == 0.0, "moved past 1 + clip_high by the last step: clipped"
+    assert current.grad[0, 1] < 0.0, "ratio 1.05: still inside the trust region"
+    assert metrics["clip_fraction"] == 0.5
+    assert metrics["importance_weight_mean"] == 1.0, "the proximal policy is the behaviour at staleness 1"
+    on_policy = current.detach().clone().requires_grad_()
+    old = old_logprobs(cfg, on_policy, behaviour, torch.tensor([[0, 0]]))
+    loss, _ = policy_loss(on_policy, old, torch.tensor([1.0]), mask, cfg, behaviour_logprobs=behaviour)
+    loss.backward()
+    assert bool((on_policy.grad < 0).all()), "staleness 0: ratio 1, nothing clipped"
 
 
 def test_token_mean_versus_sequence_mean():
