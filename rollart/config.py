@@ -160,6 +160,9 @@ class TrainerConfig(Section):
     # behaviour), capped at importance_cap, weighs older tokens. False: the clip acts around the behaviour
     # policy (plain PPO). rollart/training/algorithms.py::proximal_logprobs says why one version back.
     decoupled: bool = True
+    # The proximal policy: "previous" (above), or "current", the weights being trained (AReaL's recomputed
+    # logprobs; with one optimiser step per batch the ratio is 1 and nothing bounds a step but grad_clip)
+    proximal: Literal["previous", "current"] = "previous"
     importance_cap: float = Field(default=5.0, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)  # KL to the initial (reference) policy
     entropy_coef: float = Field(default=0.0, ge=0)

@@ -327,6 +327,37 @@ def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", h
         console.print(f"measured on: {result['measured_on']}")
 
 
+@bench_app.command("off-policy")
+def off_policy_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job (its tags, model, batch, "
+                                                         "lr).")] = Path("configs/demo.yaml"),
+                   out: OutOption = None,
+                   steps: Annotated[int, typer.Option(min=25, help="Training steps of each run.")] = 120,
+                   repeats: Annotated[int, typer.Option(min=1, help="Runs of each objective.")] = 3,
+                   lag: Annotated[int, typer.Option(min=0, help="Versions the engine is behind the trainer.")] = 1,
+                   objectives: Annotated[str, typer.Option(help="Comma-separated: previous, current, behaviour; "
+                                                                "the first is the headline's.")]
+                   = "previous,current") -> None:
+    """Stale batches without the pipeline: the in-process loop with its engine LAG versions behind, per
+    objective: does it reach 90% success, and keep it?"""
+    from rollart.bench.off_policy import bench_off_policy
+
+    try:
+        result = run_benchmark(config, out, bench_off_policy,
+                               ["objective", "repeat", "steps_to_target", "success_last_steps", "held", "entropy_max",
+                                "clip_fraction_mean"], "", steps=steps, repeats=repeats, lag=lag,
+                               objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()))
+    except ValueError as exc:  # an unknown objective, too few steps (checked before anything starts)
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    for name, figures in result["summary"].items():
+        console.print(f"{name}: reached {figures['reached']}/{figures['runs']}, held {figures['held']}, "
+                      f"collapsed {figures['collapsed']}; median steps to target "
+                      f"{figures['steps_to_target_median']}; mean success over the last 20 steps "
+                      f"{figures['success_last_steps_mean']:.0%}")
+    console.print(f"runs that reached {result['target']:.0%} and held it, {next(iter(result['summary']))}: "
+                  f"[bold]{result['held_share']:.0%}[/bold]")
+
+
 @bench_app.command("stage-cpu")
 def stage_cpu_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="The job.")] = Path("configs/demo.yaml"),
                   out: OutOption = None, steps: Annotated[int, typer.Option(min=3, help="Training steps of each run.")]

@@ -6,7 +6,9 @@ Everything that decides *what* is learned is the pipeline's own code: the feeder
 reward bridge's local scorer, the trainer's sample buffer, collate, backend and record rows, and the
 engine's weight loading from staged buckets. What it leaves out is what disaggregation adds: topics,
 consumer groups, Redis, processes, and the overlap of rollout with training (alpha = 0 by
-construction: every turn of a batch comes from the weights trained on the batch before).
+construction: every turn of a batch comes from the weights trained on the batch before). With ``lag``
+the engine serves the version that many steps behind the trained one instead: every batch as stale as
+the pipeline's bound alpha = ``lag`` allows, without the pipeline (``rollart bench off-policy``).
 """
 
 from __future__ import annotations
@@ -48,12 +50,13 @@ class InProcessLoop:
     version: int = 0
     groups_released: int = 0
     on_rollout_end: Callable[[int], None] | None = None  # called with the step once its batch is rolled out
+    lag: int = 0  # the engine serves the version this many steps behind the trained one
     buffer: SampleBuffer = field(init=False)
 
     def __post_init__(self) -> None:
         cfg = self.config
         self.buffer = SampleBuffer(group_size=cfg.feeder.group_size, groups_per_batch=cfg.feeder.groups_per_batch,
-                                   alpha=0, drop_uninformative=cfg.trainer.dynamic_sampling,
+                                   alpha=self.lag, drop_uninformative=cfg.trainer.dynamic_sampling,
                                    min_group_size=cfg.min_group_size())
         self.sources = sources_from(cfg)
         self.scorer = LocalScorer(self.chat)
@@ -127,7 +130,8 @@ class InProcessLoop:
 
     async def _load_weights(self) -> float:
         """The trained weights into the engine, through the same staged buckets a generation consumer
-        loads (written here, not pulled: there is no other process to hand them to)."""
+        loads (written here, not pulled: there is no other process to hand them to); with ``lag``, the
+        version that many steps back (the engine keeps its initial weights until there is one)."""
         from rollart.weights.buckets import stage_state
         from rollart.weights.publish import WEIGHT_DTYPES
 
@@ -137,17 +141,20 @@ class InProcessLoop:
         await asyncio.to_thread(stage_state, self.backend.state_dict(), target,
                                 bucket_bytes=self.config.weights.bucket_bytes,
                                 dtype=WEIGHT_DTYPES[self.config.weights.dtype])
-        await self.engine.load_weights(target, self.version)
-        shutil.rmtree(self.staging / f"v{self.version - 1}", ignore_errors=True)
+        served = self.version - self.lag
+        if served >= 1:
+            await self.engine.load_weights(self.staging / f"v{served}", served)
+            shutil.rmtree(self.staging / f"v{served - 1}", ignore_errors=True)
         return time.perf_counter() - started
 
 
 async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
                          progress: Callable[[dict], None] | None = None,
-                         on_rollout_end: Callable[[int], None] | None = None) -> dict:
+                         on_rollout_end: Callable[[int], None] | None = None, lag: int = 0) -> dict:
     """Start an engine and a backend, run ``steps`` synchronous steps; returns timings and the rows.
     ``started_at`` is before the engine starts (the pipeline's run also pays its engine start);
-    ``progress`` gets each step's row, ``on_rollout_end`` each step's number between its two phases."""
+    ``progress`` gets each step's row, ``on_rollout_end`` each step's number between its two phases;
+    ``lag``: the engine that many versions behind (:class:`InProcessLoop`)."""
     from transformers import AutoTokenizer
 
     from rollart.engines.vllm_engine import VLLMEngine
@@ -164,7 +171,7 @@ async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
         chat = ChatFormat.from_pretrained(model)
         pad_id = AutoTokenizer.from_pretrained(str(model)).pad_token_id
         loop = InProcessLoop(config, engine, backend, chat, pad_id, record, out / "staging",
-                             on_rollout_end=on_rollout_end)
+                             on_rollout_end=on_rollout_end, lag=lag)
         ready_at = time.time()
         rows = await loop.run(steps, progress)
     finally:

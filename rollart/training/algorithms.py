@@ -29,6 +29,7 @@ class PolicyLossConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28  # asymmetric ("clip-higher") keeps exploration alive for rare tokens
     decoupled: bool = False  # AReaL: clip around proximal logprobs, weight by behaviour→proximal ratio
+    proximal: Literal["previous", "current"] = "previous"  # the decoupled proximal policy (proximal_logprobs)
     importance_cap: float = 5.0  # cap of the decoupled importance weight
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
@@ -91,8 +92,14 @@ def proximal_logprobs(current: torch.Tensor, behaviour: torch.Tensor, staleness:
 
 def old_logprobs(cfg: "PolicyLossConfig", current: torch.Tensor, behaviour: torch.Tensor,
                  staleness: torch.Tensor) -> torch.Tensor:
-    """What the clip's ratio is taken against: the proximal policy (decoupled) or the behaviour policy."""
-    return proximal_logprobs(current, behaviour, staleness) if cfg.decoupled else behaviour
+    """What the clip's ratio is taken against: the behaviour policy, or (decoupled) the proximal one:
+    the version before the trained one, or ``current`` (the weights being trained: with one optimiser
+    step per batch the clip never binds; ``rollart bench off-policy`` compares them)."""
+    if not cfg.decoupled:
+        return behaviour
+    if cfg.proximal == "current":
+        return current.detach()
+    return proximal_logprobs(current, behaviour, staleness)
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

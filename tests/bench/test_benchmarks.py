@@ -168,6 +168,30 @@ def test_time_to_quality_finds_the_first_window_at_the_target():
         time_to_target([{"event": "publish"}], 0.0, target=0.9, window=1)
 
 
+def test_off_policy_tells_a_run_that_kept_its_success_from_one_that_collapsed():
+    from rollart.bench.off_policy import run_figures, summarise
+
+    def run(success: list[float], entropy: float) -> list[dict]:
+        return [{"step": i + 1, "time": float(i), "success_rate": s, "train_s": 1.0, "wait_s": 0.5,
+                 "metrics": {"entropy": entropy if i == 10 else 0.5, "clip_fraction": 0.1}}
+                for i, s in enumerate(success)]
+
+    held = run_figures(run([0.1] * 10 + [1.0] * 30, 0.9), target=0.9, window=5)
+    assert held["steps_to_target"] == 15 and held["held"] and not held["collapsed"]
+    collapsed = run_figures(run([0.1] * 10 + [1.0] * 10 + [0.0] * 20, 6.0), target=0.9, window=5)
+    assert collapsed["steps_to_target"] == 15 and collapsed["collapsed"] and not collapsed["held"]
+    assert collapsed["entropy_max"] == 6.0 and collapsed["success_last_steps"] == 0.0
+    never = run_figures(run([0.1] * 40, 0.9), target=0.9, window=5)
+    assert never["steps_to_target"] is None and not never["held"] and not never["collapsed"]
+    rows = [{"objective": "previous", **held}, {"objective": "current", **collapsed},
+            {"objective": "current", **never}]
+    summary = summarise(rows, ("previous", "current"))
+    assert summary["previous"] == {"runs": 1, "reached": 1, "held": 1, "collapsed": 0, "steps_to_target_median": 15,
+                                   "success_last_steps_mean": 1.0}
+    assert summary["current"]["reached"] == 1 and summary["current"]["collapsed"] == 1
+    assert summary["current"]["success_last_steps_mean"] == pytest.approx(0.05)
+
+
 def _assert_full_vs_delta_rows(data: dict, versions: int) -> None:
     rows = data["rows"]
     assert [(r["mode"], r["version"]) for r in rows] == [(m, v) for v in range(1, versions + 2) for m in ("full", "delta")]

@@ -42,3 +42,27 @@ async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engin
         assert not (tmp_path / "staging" / "v1").exists(), "a loaded version's staging is removed"
     finally:
         await engine.load_weights(stage_state(original, tmp_path / "restore", bucket_bytes=32 << 20), 0)
+
+
+async def test_a_lagged_loop_trains_every_batch_one_version_stale(engine, tiny_model, chat, tmp_path):
+    """lag = 1: the engine serves the version before the trained one, as the pipeline does at alpha = 1,
+    and the trainer's staleness (and the decoupled objective's proximal policy) see it."""
+    config = build_config({
+        "job": "lagged", "model": {"path": str(tiny_model)},
+        "feeder": {"group_size": 4, "groups_per_batch": 2},
+        "env": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
+        "trainer": {"micro_batch": 8, "lr": 1e-2},
+        "tags": {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}},
+    })
+    backend = TorchBackend(tiny_model, lr=1e-2, micro_batch=8)
+    original = {k: v.clone() for k, v in backend.state_dict().items()}
+    loop = InProcessLoop(config, engine, backend, chat, chat.tokenizer.pad_token_id,
+                         CheckpointStore(tmp_path / "checkpoints"), tmp_path / "staging", lag=1)
+    try:
+        rows = await loop.run(3)
+        assert [r["trained_version"] for r in rows] == [0, 1, 2]
+        assert [r["staleness_max"] for r in rows] == [0, 1, 1], "the first batch from v0, then one behind"
+        assert engine.version == 2 and loop.version == 3, "the engine one version behind the trainer"
+        assert (tmp_path / "staging" / "v3").exists() and not (tmp_path / "staging" / "v1").exists()
+    finally:
+        await engine.load_weights(stage_state(original, tmp_path / "restore", bucket_bytes=32 << 20), 0)
