@@ -12,8 +12,9 @@ Objectives, interleaved over ``repeats`` (each repeat its own trainer seed):
 * ``behaviour``: plain PPO, the clip around the policy that generated the tokens.
 
 For each run: the step at which the success over the last ``window`` steps first reaches ``target``,
-the success over the last 20 steps (a run that got there and lost it collapsed), the highest entropy
-after the first steps, and the mean clip fraction. The headline is ``held``: the share of runs of the
+the success over the last 20 steps, whether it got there and held it (``held``), got there and lost it
+(``lost``) or never did, the highest entropy after the first steps (a policy spread over the whole
+vocabulary, every turn invalid, is near log(vocabulary)), and the mean clip fraction. The headline is ``held``: the share of runs of the
 default objective that reached the target and kept it.
 """
 
@@ -43,7 +44,7 @@ def run_figures(rows: list[dict], *, target: float, window: int) -> dict[str, An
     reached = timing["steps_to_target"] is not None
     return {"steps_to_target": timing["steps_to_target"], "success_last_steps": timing["success_last_steps"],
             "held": reached and timing["success_last_steps"] >= HELD,
-            "collapsed": reached and timing["success_last_steps"] < HELD,
+            "lost": reached and timing["success_last_steps"] < HELD,
             "entropy_max": max(m.get("entropy", 0.0) for m in later),
             "clip_fraction_mean": statistics.mean(m.get("clip_fraction", 0.0) for m in metrics),
             "steps": timing["steps"]}
@@ -55,7 +56,7 @@ def summarise(rows: list[dict], objectives: tuple[str, ...]) -> dict[str, dict[s
         runs = [r for r in rows if r["objective"] == name]
         reached = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
         out[name] = {"runs": len(runs), "reached": len(reached), "held": sum(r["held"] for r in runs),
-                     "collapsed": sum(r["collapsed"] for r in runs),
+                     "lost": sum(r["lost"] for r in runs), "never": len(runs) - len(reached),
                      "steps_to_target_median": statistics.median(reached) if reached else None,
                      "success_last_steps_mean": statistics.mean(r["success_last_steps"] for r in runs)}
     return out

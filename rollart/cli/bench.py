@@ -350,8 +350,8 @@ def off_policy_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     for name, figures in result["summary"].items():
-        console.print(f"{name}: reached {figures['reached']}/{figures['runs']}, held {figures['held']}, "
-                      f"collapsed {figures['collapsed']}; median steps to target "
+        console.print(f"{name}: held {figures['held']}/{figures['runs']} (lost after reaching it "
+                      f"{figures['lost']}, never reached {figures['never']}); median steps to target "
                       f"{figures['steps_to_target_median']}; mean success over the last 20 steps "
                       f"{figures['success_last_steps_mean']:.0%}")
     console.print(f"runs that reached {result['target']:.0%} and held it, {next(iter(result['summary']))}: "

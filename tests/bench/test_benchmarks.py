@@ -177,18 +177,18 @@ def test_off_policy_tells_a_run_that_kept_its_success_from_one_that_collapsed():
                 for i, s in enumerate(success)]
 
     held = run_figures(run([0.1] * 10 + [1.0] * 30, 0.9), target=0.9, window=5)
-    assert held["steps_to_target"] == 15 and held["held"] and not held["collapsed"]
+    assert held["steps_to_target"] == 15 and held["held"] and not held["lost"]
     collapsed = run_figures(run([0.1] * 10 + [1.0] * 10 + [0.0] * 20, 6.0), target=0.9, window=5)
-    assert collapsed["steps_to_target"] == 15 and collapsed["collapsed"] and not collapsed["held"]
+    assert collapsed["steps_to_target"] == 15 and collapsed["lost"] and not collapsed["held"]
     assert collapsed["entropy_max"] == 6.0 and collapsed["success_last_steps"] == 0.0
     never = run_figures(run([0.1] * 40, 0.9), target=0.9, window=5)
-    assert never["steps_to_target"] is None and not never["held"] and not never["collapsed"]
+    assert never["steps_to_target"] is None and not never["held"] and not never["lost"]
     rows = [{"objective": "previous", **held}, {"objective": "current", **collapsed},
             {"objective": "current", **never}]
     summary = summarise(rows, ("previous", "current"))
-    assert summary["previous"] == {"runs": 1, "reached": 1, "held": 1, "collapsed": 0, "steps_to_target_median": 15,
-                                   "success_last_steps_mean": 1.0}
-    assert summary["current"]["reached"] == 1 and summary["current"]["collapsed"] == 1
+    assert summary["previous"] == {"runs": 1, "reached": 1, "held": 1, "lost": 0, "never": 0,
+                                   "steps_to_target_median": 15, "success_last_steps_mean": 1.0}
+    assert summary["current"]["reached"] == 1 and summary["current"]["lost"] == 1 and summary["current"]["never"] == 1
     assert summary["current"]["success_last_steps_mean"] == pytest.approx(0.05)
 
 
