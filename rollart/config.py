@@ -185,9 +185,6 @@ class TrainerConfig(Section):
     # CPU plan: torch's intra-op threads in the trainer (None: torch's default, one per core); on a
     # machine it shares with an engine, fewer threads than cores keep the two from fighting
     torch_threads: int | None = Field(default=None, ge=1)
-    # ...and this many once the next batch is already buffered (None: torch_threads throughout): the
-    # rollout then waits on the staleness bound and its cores are free. Taken per micro-batch; world_size 1.
-    torch_threads_batch_ready: int | None = Field(default=None, ge=1)
     # Data parallelism: this many ranks of torch.distributed (gloo on CPU, NCCL on GPU), each with a
     # replica, a share of every batch and the summed gradient (rollart/training/distributed.py). Rank 0
     # consumes, checkpoints and publishes; `rollart consume trainer` starts the others unless the

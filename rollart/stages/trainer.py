@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 from pathlib import Path
@@ -106,22 +105,6 @@ class TrainerStage:
             DROPPED.labels(*self.labels, reason)
         self.max_in_flight = self.buffer.capacity * cfg.feeder.group_size
         self.admission = AdmissionCounters(rt.redis, prefix=cfg.redis.key_prefix, job=cfg.job)
-        self.batch_ready = False  # the next batch is buffered: the rollout waits on the staleness bound
-        self._plan_threads(cfg.trainer)
-
-    def _plan_threads(self, t) -> None:
-        """trainer.torch_threads_batch_ready: more intra-op threads while the next batch is buffered,
-        read by the backend before each micro-batch (a data-parallel backend keeps its own plan)."""
-        from rollart.training.torch_backend import AccumulatingBackend
-
-        if t.torch_threads_batch_ready is None or not isinstance(self.backend, AccumulatingBackend):
-            return
-        base = t.torch_threads or os.cpu_count() or 1
-        ready = t.torch_threads_batch_ready
-        self.backend.threads_for = lambda: ready if self.batch_ready else base
-
-    def _note_ready(self) -> None:
-        self.batch_ready = len(self.buffer.complete_groups()) >= self.buffer.groups_per_batch
 
     # -- the handler ----------------------------------------------------------------------------
 
@@ -146,7 +129,6 @@ class TrainerStage:
         settled = asyncio.get_running_loop().create_future()
         self.waiting[key] = (settled, f"{ctx.record.topic}:{ctx.record.partition}", ctx.record.offset)
         BUFFER_GROUPS.labels(*self.labels).set(len(self.buffer))
-        self._note_ready()
         self.arrived.set()
         await settled
 
@@ -200,7 +182,6 @@ class TrainerStage:
             batch = self.buffer.take_batch(self.version)
             if batch is not None:
                 self._starving_since = None
-                self._note_ready()
                 return batch
             if self._consumer_full():
                 group = self.buffer.evict_oldest_incomplete()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -143,8 +142,6 @@ class AccumulatingBackend:
     """One optimiser step per batch over micro-batches; a backend supplies ``_micro_loss`` and holds
     ``model``, ``optimizer``, ``micro_batch``, ``loss_cfg``, ``grad_clip`` and ``step``."""
 
-    threads_for: Callable[[], int] | None = None  # torch's intra-op threads for the next micro-batch
-
     def _micro_loss(self, micro: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         raise NotImplementedError
 
@@ -163,21 +160,13 @@ class AccumulatingBackend:
         total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {}
         for micro in batch.micro_batches(rows, self.micro_batch):
-            self._take_threads()
             loss, m, mask = self._micro_loss(micro)
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
                      else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()
-            if self.threads_for is not None:  # the step's threads, averaged over its micro-batches' shares
-                m["torch_threads"] = float(torch.get_num_threads())
             for key, value in m.items():
                 metrics[key] = metrics.get(key, 0.0) + value * share
         return metrics
-
-    def _take_threads(self) -> None:
-        """``threads_for``'s count for this thread's next ops (the training thread's own OpenMP setting)."""
-        if self.threads_for is not None and (n := self.threads_for()) != torch.get_num_threads():
-            torch.set_num_threads(n)
 
     def apply_gradients(self) -> float:
         """Clip the accumulated gradients and take the optimiser step; returns the gradient norm."""

@@ -39,7 +39,6 @@ class Harness:
                                   WeightPublisher.from_config(self.transport, self.config.job, self.config.weights),
                                   self.writer, pad_id=0)
         self.stop = asyncio.Event()
-        self.training: asyncio.Task | None = None  # the step loop, once started
 
     async def start(self, loops, max_steps=None):
         await self.writer.acquire()
@@ -55,8 +54,7 @@ class Harness:
 
     async def close(self):
         self.stop.set()
-        if self.training is not None:
-            await self.training
+        await self.training
         self.transport.close()
 
 
@@ -351,20 +349,3 @@ async def test_a_fast_tag_does_not_crowd_a_slow_one_out_of_the_batches(trainer, 
     await trainer.produce(of("slow", 10))
     await eventually(lambda: len(trainer.steps()) == 1, what="a step once the slow tag has a group")
     assert trainer.steps()[0]["groups_by_tag"] == {"fast": 1, "slow": 1}
-
-
-@pytest.mark.trainer(trainer={"torch_threads": 1, "torch_threads_batch_ready": 2})
-async def test_more_torch_threads_while_the_next_batch_is_already_buffered(trainer):
-    """trainer.torch_threads_batch_ready: the backend asks before each micro-batch; the answer follows
-    whether the buffer holds a whole batch (the rollout is then waiting on the staleness bound)."""
-    stage, job = trainer.stage, trainer.config.job
-    assert trainer.backend.threads_for() == 1
-    for g in range(2):
-        for m in range(2):
-            stage.buffer.add(scored(g, m, reward=float(m), job=job))
-            stage._note_ready()
-            if (g, m) != (1, 1):
-                assert trainer.backend.threads_for() == 1, "a batch is not buffered yet"
-    assert trainer.backend.threads_for() == 2, "two full groups: the next batch is ready"
-    assert await stage.next_batch(asyncio.Event()) is not None
-    assert trainer.backend.threads_for() == 1, "taken: nothing buffered behind it"

@@ -120,21 +120,3 @@ def test_logprobs_only_where_trained_equal_the_full_ones_there_and_so_do_their_g
     assert torch.allclose(full_entropy[mask], part_entropy[mask], atol=1e-5)
     assert not part[~mask].any() and not part_entropy[~mask].any()
     assert torch.allclose(full_grad, part_grad, atol=1e-5, rtol=1e-4), float((full_grad - part_grad).abs().max())
-
-
-def test_threads_for_sets_torch_threads_before_each_micro_batch(tiny_model):
-    import random
-
-    from rollart.bench.trainer_step import shaped_batch
-
-    backend = TorchBackend(tiny_model, lr=1e-3, micro_batch=2)
-    batch = collate(shaped_batch([12, 14, 16, 18], [3, 3, 3, 3], 2, 400, random.Random(2)), pad_id=0)
-    asked = []
-    backend.threads_for = lambda: asked.append(1) or len(asked)  # 1 thread, then 2
-    before = torch.get_num_threads()
-    try:
-        metrics = backend.train_step(batch)
-        assert asked == [1, 1] and torch.get_num_threads() == 2, "asked once per micro-batch, the last answer kept"
-        assert 1.0 < metrics["torch_threads"] < 2.0, "the step's threads averaged over its micro-batches"
-    finally:
-        torch.set_num_threads(before)
