@@ -14,9 +14,10 @@ from rollart.weights.buckets import stage_state
 from tests.stages.test_weight_sync import _logprob_gap
 
 
-async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engine, tiny_model, chat, tmp_path):
+def _loop(job: str, engine, tiny_model, chat, tmp_path, *, lag: int = 0):
+    """A small loop on the session's engine, its backend and the backend's initial weights (to restore)."""
     config = build_config({
-        "job": "inproc", "model": {"path": str(tiny_model)},
+        "job": job, "model": {"path": str(tiny_model)},
         "feeder": {"group_size": 4, "groups_per_batch": 2},
         "env": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
         "trainer": {"micro_batch": 8, "lr": 1e-2},
@@ -25,7 +26,14 @@ async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engin
     backend = TorchBackend(tiny_model, lr=1e-2, micro_batch=8)
     original = {k: v.clone() for k, v in backend.state_dict().items()}
     record = CheckpointStore(tmp_path / "checkpoints")
-    loop = InProcessLoop(config, engine, backend, chat, chat.tokenizer.pad_token_id, record, tmp_path / "staging")
+    loop = InProcessLoop(config, engine, backend, chat, chat.tokenizer.pad_token_id, record, tmp_path / "staging",
+                         lag=lag)
+    return loop, backend, original
+
+
+async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engine, tiny_model, chat, tmp_path):
+    loop, backend, original = _loop("inproc", engine, tiny_model, chat, tmp_path)
+    record = loop.record
     try:
         rows = await loop.run(2)
         assert [r["step"] for r in rows] == [1, 2]
@@ -47,17 +55,7 @@ async def test_in_process_loop_trains_fresh_batches_and_the_engine_follows(engin
 async def test_a_lagged_loop_trains_every_batch_one_version_stale(engine, tiny_model, chat, tmp_path):
     """lag = 1: the engine serves the version before the trained one, as the pipeline does at alpha = 1,
     and the trainer's staleness (and the decoupled objective's proximal policy) see it."""
-    config = build_config({
-        "job": "lagged", "model": {"path": str(tiny_model)},
-        "feeder": {"group_size": 4, "groups_per_batch": 2},
-        "env": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
-        "trainer": {"micro_batch": 8, "lr": 1e-2},
-        "tags": {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}},
-    })
-    backend = TorchBackend(tiny_model, lr=1e-2, micro_batch=8)
-    original = {k: v.clone() for k, v in backend.state_dict().items()}
-    loop = InProcessLoop(config, engine, backend, chat, chat.tokenizer.pad_token_id,
-                         CheckpointStore(tmp_path / "checkpoints"), tmp_path / "staging", lag=1)
+    loop, _, original = _loop("lagged", engine, tiny_model, chat, tmp_path, lag=1)
     try:
         rows = await loop.run(3)
         assert [r["trained_version"] for r in rows] == [0, 1, 2]
