@@ -14,8 +14,8 @@ Objectives, interleaved over ``repeats`` (each repeat its own trainer seed):
 For each run: the step at which the success over the last ``window`` steps first reaches ``target``,
 the success over the last 20 steps, whether it got there and held it (``held``), got there and lost it
 (``lost``) or never did, the highest entropy after the first steps (a policy spread over the whole
-vocabulary, every turn invalid, is near log(vocabulary)), and the mean clip fraction. The headline is ``held``: the share of runs of the
-default objective that reached the target and kept it.
+vocabulary, every turn invalid, is near log(vocabulary)), and the mean clip fraction. The headline is
+``held``: the share of runs of the first objective that reached the target and kept it.
 """
 
 from __future__ import annotations

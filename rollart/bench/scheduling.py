@@ -5,10 +5,12 @@ Whole runs on a shared machine drift by more than the effect measured here (±15
 between runs of the same job), so the settings take turns inside one ``rollart run``: every
 ``block`` steps every thread of every stage but the trainer (vLLM's engine core and worker
 included), or with ``--switch stack`` of the run's own broker, Redis and Mooncake, is switched to
-the next setting (``os.sched_setscheduler`` and ``os.setpriority``). A block's first step straddles the switch and is left out. Each block's median seconds per step is
-held to the baseline's (the first setting: "runner", every stage scheduled as the runner is) at the
-same point of the run, interpolated between the baseline blocks either side; a setting's figure is the
-median of those ratios, and the headline is the runner's seconds per step over the last setting's. Lowering a niceness again needs CAP_SYS_NICE (root).
+the next setting (``os.sched_setscheduler`` and ``os.setpriority``). A block's first step straddles
+the switch and is left out. Each block's median seconds per step is held to the baseline's (the first
+setting: "runner", every stage scheduled as the runner is) at the same point of the run, interpolated
+between the baseline blocks either side; a setting's figure is the median of those ratios, and the
+headline is the runner's seconds per step over the last setting's. Lowering a niceness again needs
+CAP_SYS_NICE (root).
 """
 
 from __future__ import annotations

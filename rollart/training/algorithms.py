@@ -81,16 +81,18 @@ def proximal_logprobs(current: torch.Tensor, behaviour: torch.Tensor, staleness:
     nothing but the gradient clip to bound a step, and under staleness the step's effect is only seen
     a batch later: the demo overshot and collapsed that way (README, ``off-policy``: 3 of 6 runs held
     90% success at staleness 1, against 6 of 6 one version back). One version back, the clip stops
-    tokens that the last step already moved past the trust region in the advantage's direction. That version's logprobs are the behaviour's at staleness 1 (exact), the
-    current ones at staleness 0 (nothing older is known: on-policy, as before), and log-linear between
-    behaviour and current by version for older tokens (``staleness`` is per token, ``[batch, seq]``)."""
+    tokens that the last step already moved past the trust region in the advantage's direction.
+
+    That version's logprobs are the behaviour's at staleness 1 (exact), the current ones at staleness 0
+    (nothing older is known: on-policy, as before), and log-linear between behaviour and current by
+    version for older tokens (``staleness`` is per token, ``[batch, seq]``)."""
     current = current.detach()
     s = staleness.to(current.dtype)
     back_one = behaviour + (current - behaviour) * ((s - 1).clamp(min=0) / s.clamp(min=1))
     return torch.where(s > 0, back_one, current)
 
 
-def old_logprobs(cfg: "PolicyLossConfig", current: torch.Tensor, behaviour: torch.Tensor,
+def old_logprobs(cfg: PolicyLossConfig, current: torch.Tensor, behaviour: torch.Tensor,
                  staleness: torch.Tensor) -> torch.Tensor:
     """What the clip's ratio is taken against: the behaviour policy, or (decoupled) the proximal one:
     the version before the trained one, or ``current`` (the weights being trained: with one optimiser

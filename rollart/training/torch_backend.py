@@ -44,7 +44,8 @@ class Batch:
         width = max(width, 2)  # one predicted position at least
         return Batch(self.input_ids[index, :width], self.attention_mask[index, :width],
                      self.loss_mask[index, :width - 1], self.behaviour_logprobs[index, :width - 1],
-                     self.staleness[index, :width - 1], self.advantages[index], self.rewards[index], [self.group_ids[i] for i in rows])
+                     self.staleness[index, :width - 1], self.advantages[index], self.rewards[index],
+                     [self.group_ids[i] for i in rows])
 
 
 def turn_samples(trajectory) -> list[tuple[int, list[int]]]:
