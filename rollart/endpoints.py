@@ -42,8 +42,8 @@ def resolve_endpoints(config: RollartConfig) -> Endpoints:
     state = StackState.read()
     if state is not None and not state.alive():
         raise NoEndpointError(
-            f"the local stack recorded in {state_path()} is down (broker {state.kafka_bootstrap}, pid "
-            f"{state.broker_pid}, no longer running): run `rollart local up` to start it again, "
+            f"the local stack recorded in {state_path()} is down (broker {state.kafka_bootstrap}; not running: "
+            f"{', '.join(state.dead())}; logs in {state.log_dir}): run `rollart local up` to start it again, "
             "or set ROLLART_KAFKA_BOOTSTRAP / ROLLART_REDIS_URL")
     if state is None:
         missing = " and ".join(n for n, v in (("Kafka bootstrap", bootstrap), ("Redis URL", redis_url)) if not v)

@@ -70,6 +70,19 @@ def test_a_stale_recorded_stack_does_not_stop_configured_endpoints(recorded, rea
         resolve_endpoints(load_config(None))
 
 
+def test_a_down_stack_names_the_service_that_is_gone(recorded):
+    dead = 2 ** 22 + 1  # beyond pid_max
+    recorded.mooncake_pids = [os.getpid(), dead]
+    recorded.write()
+    assert recorded.dead() == [f"mooncake store (pid {dead})"] and not recorded.alive()
+    with pytest.raises(NoEndpointError, match=rf"not running: mooncake store \(pid {dead}\); logs in "):
+        resolve_endpoints(load_config(None))
+    recorded.mooncake_pids, recorded.broker_pid = [], dead
+    assert recorded.dead() == [f"broker (pid {dead})"]
+    recorded.broker_pid = None
+    assert recorded.dead() == ["broker (pid None)"], "a stack without a broker pid is not alive"
+
+
 def test_the_recorded_stack_fills_only_what_is_not_configured(recorded, reads, monkeypatch):
     assert resolve_endpoints(load_config(None)) == resolve_endpoints(load_config(None))
     everything = resolve_endpoints(load_config(None))

@@ -164,7 +164,7 @@ def local_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -
         console.print("no local stack is recorded")
     else:
         console.print(f"{'alive' if alive else 'DEAD'}: kafka {state.kafka_bootstrap} ({_broker_words(state)}), "
-                      f"redis {state.redis_url}")
+                      f"redis {state.redis_url}" + ("" if alive else f"; not running: {', '.join(state.dead())}"))
     raise typer.Exit(0 if alive else 1)
 
 

@@ -65,9 +65,18 @@ class StackState:
     def broker(self) -> BrokerInfo:
         return BrokerInfo(self.broker_kind, self.broker_version or "unknown")
 
+    def services(self) -> dict[str, int]:
+        """Each running service of the stack by name, with its pid (a Redis not ours is not listed)."""
+        named = {"broker": self.broker_pid, "redis": self.redis_pid}
+        named.update(zip(("mooncake master", "mooncake store"), self.mooncake_pids or ()))
+        return {name: pid for name, pid in named.items() if pid is not None or name == "broker"}
+
+    def dead(self) -> list[str]:
+        """The services no longer running, as "name (pid N)"; empty while the whole stack is up."""
+        return [f"{name} (pid {pid})" for name, pid in self.services().items() if not pid_alive(pid)]
+
     def alive(self) -> bool:
-        return (pid_alive(self.broker_pid) and (self.redis_pid is None or pid_alive(self.redis_pid))
-                and all(pid_alive(p) for p in self.mooncake_pids or ()))
+        return not self.dead()
 
     def pids(self) -> list[int | None]:
         return [*(self.mooncake_pids or ()), self.broker_pid, self.redis_pid]

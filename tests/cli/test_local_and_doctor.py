@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,13 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
 
 def rollart(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*ROLLART, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def service_logs(log_dir: str, lines: int = 15) -> str:
+    """The last lines of each service's log, for a failure message (why a service died)."""
+    tails = [f"\n--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+             for log in sorted(Path(log_dir).glob("*.log"))]
+    return "".join(tails)
 
 
 @pytest.fixture
@@ -43,7 +51,7 @@ def test_local_up_then_doctor_is_all_ok_and_broker_down_fails(cli_env):
 
     doctor = rollart("doctor", "--json", env=cli_env)
     report = json.loads(doctor.stdout)
-    assert doctor.returncode == 0 and report["ok"] is True, doctor.stdout
+    assert doctor.returncode == 0 and report["ok"] is True, doctor.stdout + service_logs(state["log_dir"])
     assert report["broker"] == state["broker"]
     listed = rollart("local", "kafka-tool", "kafka-topics", "--list", env=cli_env)
     assert listed.returncode == 0 and "clitest.trajectories.completed" in listed.stdout.split(), listed.stderr
