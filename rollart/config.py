@@ -551,8 +551,9 @@ class StageScheduling(Section):
 
     nice: int = Field(default=0, ge=-20, le=19)  # added to the runner's; below 0 needs CAP_SYS_NICE
     # batch (SCHED_BATCH): the process never preempts a running one when it wakes; it waits for a free
-    # core or the running one's turn to end
-    policy: Literal["normal", "batch"] = "normal"
+    # core or the running one's turn to end. idle (SCHED_IDLE): it also runs only on CPU no other
+    # policy's thread wants (a weight below nice 19's, whatever its niceness)
+    policy: Literal["normal", "batch", "idle"] = "normal"
 
 
 class MachineConfig(Section):

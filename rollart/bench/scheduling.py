@@ -32,6 +32,7 @@ SETTINGS: dict[str, StageScheduling] = {
     "nice": StageScheduling(nice=10),
     "batch": StageScheduling(policy="batch"),
     "nice+batch": StageScheduling(nice=10, policy="batch"),
+    "idle": StageScheduling(nice=10, policy="idle"),
 }
 
 

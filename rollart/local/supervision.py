@@ -55,7 +55,7 @@ def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
 
 
 STACK = "stack"  # machine.scheduling's key for the local stack's services (broker, Redis, Mooncake)
-POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH}
+POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
 
 
 def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
