@@ -21,6 +21,10 @@ from rollart.endpoints import Endpoints
 from rollart.local.children import die_with_parent, on_lasting_thread
 
 
+# machine.scheduling's policies (StageScheduling.policy) as Linux's
+POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+
+
 def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageScheduling) -> None:
     """In the stage process before exec: SIGTERM it when the runner dies (a runner killed with
     SIGKILL would otherwise leave every stage running, detached in its own session), pin it, and
@@ -28,8 +32,8 @@ def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageSchedu
     die_with_parent(signal.SIGTERM, parent)
     if cpus:
         os.sched_setaffinity(0, cpus)
-    if scheduling.policy == "batch":
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    if scheduling.policy != "normal":
+        os.sched_setscheduler(0, POLICIES[scheduling.policy], os.sched_param(0))
     if scheduling.nice:
         os.nice(scheduling.nice)
 

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from rollart.config import ConfigError, RollartConfig, StageScheduling
-from rollart.local.processes import StageProcesses
+from rollart.local.processes import POLICIES, StageProcesses
 from rollart.stages.registry import STAGES, local_processes
 
 
@@ -55,7 +55,6 @@ def shared_machine_threads(config: RollartConfig) -> dict[str, str]:
 
 
 STACK = "stack"  # machine.scheduling's key for the local stack's services (broker, Redis, Mooncake)
-POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
 
 
 def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:

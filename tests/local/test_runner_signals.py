@@ -120,7 +120,8 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, list[int]]:
 
 JOB = {"job": "sigtest", "pools": ["default"], "feeder": {"group_size": 2, "groups_per_batch": 1},
        "trainer": {"micro_batch": 2}, "machine": {"scheduling": {
-           "env": {"nice": 3, "policy": "batch"}, "feeder": {"nice": 2}, "stack": {"nice": 4, "policy": "batch"}}},
+           "env": {"nice": 3, "policy": "batch"}, "reward": {"policy": "idle"}, "feeder": {"nice": 2},
+           "stack": {"nice": 4, "policy": "batch"}}},
        "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {}, "max_turns": 2, "reward": {"type": "env"}}}}
 
 
@@ -141,10 +142,11 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
         if (out / "pids.json").exists():
             stages = json.loads((out / "pids.json").read_text())
             pids += stages.values()
-            scheduled = {name: (psutil.Process(pid).nice() - os.nice(0), os.sched_getscheduler(pid) == os.SCHED_BATCH)
+            scheduled = {name: (psutil.Process(pid).nice() - os.nice(0), os.sched_getscheduler(pid))
                          for name, pid in stages.items()}
-            assert scheduled == {"gen-default-0": (0, False), "env-0": (3, True), "reward-0": (0, False),
-                                 "trainer": (0, False), "feeder": (2, False)}, \
+            assert scheduled == {"gen-default-0": (0, os.SCHED_OTHER), "env-0": (3, os.SCHED_BATCH),
+                                 "reward-0": (0, os.SCHED_IDLE), "trainer": (0, os.SCHED_OTHER),
+                                 "feeder": (2, os.SCHED_OTHER)}, \
                 "each stage runs at the niceness and policy machine.scheduling gives it"
             threads = [int(t) for pid in stack_pids(out / "stack" / STACK_FILE) for t in os.listdir(f"/proc/{pid}/task")]
             assert {(os.getpriority(os.PRIO_PROCESS, t) - os.nice(0), os.sched_getscheduler(t)) for t in threads} \

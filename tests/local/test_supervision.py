@@ -18,7 +18,7 @@ def test_machine_scheduling_names_registered_stages_and_a_typo_fails_naming_it()
 
 
 @pytest.mark.parametrize("stage, field", [({"nice": 20}, "nice"), ({"nice": -21}, "nice"),
-                                          ({"policy": "idle"}, "policy"), ({"share": 2}, "share")])
+                                          ({"policy": "fifo"}, "policy"), ({"share": 2}, "share")])
 def test_a_bad_stage_scheduling_names_the_field(stage, field):
     with pytest.raises(ConfigError, match=rf"machine\.scheduling\.env\.{field}: "):
         build_config({"machine": {"scheduling": {"env": stage}}})
