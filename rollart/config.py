@@ -565,9 +565,9 @@ class MachineConfig(Section):
     # itself (broker, Redis, Mooncake). A stage not named runs as the runner does. Favouring the
     # trainer when it is the loop's bottleneck on a small machine, every other stage at nice 10 and
     # SCHED_BATCH, made demo steps 0.91-0.92x as long; the stack's services there too, 0.94-0.96x as
-    # long again (configs/demo.yaml sets both; README, CPU plan). Not the default: it puts a busy trainer before
-    # everything else, a member scaled up mid-run included. On Kubernetes each stage's CPU request
-    # plays this part.
+    # long again; the stages under SCHED_IDLE instead, 0.91x again (configs/demo.yaml; README, CPU
+    # plan). Not the default: it puts a busy trainer before everything else, a member scaled up
+    # mid-run included. On Kubernetes each stage's CPU request plays this part.
     scheduling: dict[str, StageScheduling] = Field(default_factory=dict)
 
 
