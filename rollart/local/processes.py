@@ -7,6 +7,8 @@ job name passed in the environment, its output in ``<log_dir>/<name>.log``. Stop
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import signal
@@ -25,6 +27,49 @@ from rollart.local.children import die_with_parent, on_lasting_thread
 POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
 
 
+class _SchedAttr(ctypes.Structure):
+    """Linux's struct sched_attr (sched_setattr(2))."""
+
+    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32), ("sched_flags", ctypes.c_uint64),
+                ("sched_nice", ctypes.c_int32), ("sched_priority", ctypes.c_uint32),
+                ("sched_runtime", ctypes.c_uint64), ("sched_deadline", ctypes.c_uint64),
+                ("sched_period", ctypes.c_uint64), ("sched_util_min", ctypes.c_uint32),
+                ("sched_util_max", ctypes.c_uint32)]
+
+
+# (sched_setattr, sched_getattr) by machine; Python's os module wraps neither
+_SCHED_ATTR_CALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
+
+
+def _sched_attr_call(get: bool, tid: int, attr: _SchedAttr) -> None:
+    """sched_getattr(tid, attr, size, 0) when ``get``, else sched_setattr(tid, attr, 0)."""
+    calls = _SCHED_ATTR_CALLS.get(os.uname().machine)
+    if calls is None:
+        raise OSError(f"sched_setattr: no syscall number known for {os.uname().machine}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = (ctypes.sizeof(_SchedAttr),) if get else ()
+    if libc.syscall(calls[get], tid, ctypes.byref(attr), *size, 0) != 0:
+        err = ctypes.get_errno()
+        raise (ProcessLookupError if err == errno.ESRCH else OSError)(err, os.strerror(err))
+
+
+def thread_slice_ns(tid: int) -> int:
+    """The time slice thread ``tid`` runs with (EEVDF's sched_runtime; its default when none was asked for)."""
+    attr = _SchedAttr()
+    _sched_attr_call(True, tid, attr)
+    return attr.sched_runtime
+
+
+def ask_slice(tid: int, slice_ms: float | None) -> None:
+    """Ask the scheduler for a ``slice_ms`` time slice for thread ``tid`` (None: the kernel's default),
+    keeping its policy and niceness."""
+    attr = _SchedAttr()
+    _sched_attr_call(True, tid, attr)
+    attr.size, attr.sched_flags = ctypes.sizeof(_SchedAttr), 0
+    attr.sched_runtime = 0 if slice_ms is None else int(slice_ms * 1_000_000)
+    _sched_attr_call(False, tid, attr)
+
+
 def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageScheduling) -> None:
     """In the stage process before exec: SIGTERM it when the runner dies (a runner killed with
     SIGKILL would otherwise leave every stage running, detached in its own session), pin it, and
@@ -36,6 +81,8 @@ def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageSchedu
         os.sched_setscheduler(0, POLICIES[scheduling.policy], os.sched_param(0))
     if scheduling.nice:
         os.nice(scheduling.nice)
+    if scheduling.slice_ms is not None:
+        ask_slice(0, scheduling.slice_ms)
 
 
 @dataclass

@@ -30,6 +30,7 @@ import psutil
 import pytest
 import yaml
 
+from rollart.local.processes import thread_slice_ns
 from rollart.local.stack import (STACK_ENV, STACK_FILE, LocalStack, StackState, _spawn, pid_alive, reap_stale,
                                  stack_of)
 from tests.conftest import REPO, SUITE_BROKER
@@ -121,7 +122,7 @@ def stop(proc: subprocess.Popen, sig: int) -> tuple[int, list[int]]:
 JOB = {"job": "sigtest", "pools": ["default"], "feeder": {"group_size": 2, "groups_per_batch": 1},
        "trainer": {"micro_batch": 2}, "machine": {"scheduling": {
            "env": {"nice": 3, "policy": "batch"}, "reward": {"policy": "idle"}, "feeder": {"nice": 2},
-           "stack": {"nice": 4, "policy": "batch"}}},
+           "trainer": {"slice_ms": 20}, "stack": {"nice": 4, "policy": "batch"}}},
        "tags": {"frozenlake": {"env": "frozenlake", "env_kwargs": {}, "max_turns": 2, "reward": {"type": "env"}}}}
 
 
@@ -148,6 +149,8 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
                                  "reward-0": (0, os.SCHED_IDLE), "trainer": (0, os.SCHED_OTHER),
                                  "feeder": (2, os.SCHED_OTHER)}, \
                 "each stage runs at the niceness and policy machine.scheduling gives it"
+            assert thread_slice_ns(stages["trainer"]) == 20_000_000, "the trainer asked for its 20 ms slice"
+            assert thread_slice_ns(stages["env-0"]) != 20_000_000, "a stage that asks for none keeps the default"
             threads = [int(t) for pid in stack_pids(out / "stack" / STACK_FILE) for t in os.listdir(f"/proc/{pid}/task")]
             assert {(os.getpriority(os.PRIO_PROCESS, t) - os.nice(0), os.sched_getscheduler(t)) for t in threads} \
                 == {(4, os.SCHED_BATCH)}, "every thread of the run's own stack (the broker's JVM too) as `stack` says"

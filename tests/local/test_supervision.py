@@ -18,7 +18,13 @@ def test_machine_scheduling_names_registered_stages_and_a_typo_fails_naming_it()
 
 
 @pytest.mark.parametrize("stage, field", [({"nice": 20}, "nice"), ({"nice": -21}, "nice"),
-                                          ({"policy": "fifo"}, "policy"), ({"share": 2}, "share")])
+                                          ({"policy": "fifo"}, "policy"), ({"share": 2}, "share"),
+                                          ({"slice_ms": 0.01}, "slice_ms"), ({"slice_ms": 500}, "slice_ms")])
 def test_a_bad_stage_scheduling_names_the_field(stage, field):
     with pytest.raises(ConfigError, match=rf"machine\.scheduling\.env\.{field}: "):
         build_config({"machine": {"scheduling": {"env": stage}}})
+
+
+def test_a_slice_under_the_idle_policy_fails_naming_both():
+    with pytest.raises(ConfigError, match=r"machine\.scheduling\.env: .*slice_ms is set but policy is idle"):
+        build_config({"machine": {"scheduling": {"env": {"policy": "idle", "slice_ms": 5}}}})
