@@ -4,8 +4,9 @@ switched back and forth inside one run.
 Whole runs on a shared machine drift by more than the effect measured here (±15% seconds per step
 between runs of the same job), so the settings take turns inside one ``rollart run``: every
 ``block`` steps every thread of every stage but the trainer (vLLM's engine core and worker
-included), or with ``--switch stack`` of the run's own broker, Redis and Mooncake, is switched to
-the next setting (``os.sched_setscheduler`` and ``os.setpriority``). A block's first step straddles
+included), with ``--switch stack`` of the run's own broker, Redis and Mooncake, or with ``--switch
+trainer`` of the trainer, is switched to the next setting (policy, niceness and time slice: one
+``sched_setattr``); what is not switched keeps the job's ``machine.scheduling``. A block's first step straddles
 the switch and is left out. Each block's median seconds per step is held to the baseline's (the first
 setting: "runner", every stage scheduled as the runner is) at the same point of the run, interpolated
 between the baseline blocks either side; a setting's figure is the median of those ratios, and the
@@ -24,7 +25,7 @@ from typing import Any, Literal
 from rollart.config import MachineConfig, RollartConfig, StageScheduling
 from rollart.local.supervision import STACK, own_stack_pids, schedule_threads
 
-Switched = Literal["rollout", "stack"]  # every stage but the trainer, or the local stack's services
+Switched = Literal["rollout", "stack", "trainer"]  # every stage but the trainer, the local stack's services, the trainer
 
 # The settings a run switches between, by name; "runner" first: the ratios are against it.
 SETTINGS: dict[str, StageScheduling] = {
@@ -33,7 +34,13 @@ SETTINGS: dict[str, StageScheduling] = {
     "batch": StageScheduling(policy="batch"),
     "nice+batch": StageScheduling(nice=10, policy="batch"),
     "idle": StageScheduling(nice=10, policy="idle"),
+    "slice20": StageScheduling(slice_ms=20),  # EEVDF's time slice: 20 ms, against the kernel's default
 }
+
+
+def is_switched(stage: str, switched: Switched) -> bool:
+    """Whether the switcher (not the job's plan) schedules ``stage`` (a ``machine.scheduling`` key)."""
+    return stage == switched if switched != "rollout" else stage not in (STACK, "trainer")
 
 
 def can_lower_niceness() -> bool:
@@ -79,13 +86,13 @@ def against_baseline(blocks: list[tuple[str, float]], baseline: str) -> dict[str
 
 
 def _switched_pids(out: Path, switched: Switched) -> list[int]:
-    """The processes a setting applies to: every stage but the trainer, or the run's own stack."""
+    """The processes a setting applies to: every stage but the trainer, the run's own stack, the trainer."""
     from rollart.chaos.inject import stage_pids
     from rollart.stages.registry import stage_of_process
 
     if switched == "stack":
         return own_stack_pids(out / "stack")  # the benchmark runs the job in this process
-    return [pid for name, pid in stage_pids(out).items() if stage_of_process(name) != "trainer"]
+    return [pid for name, pid in stage_pids(out).items() if is_switched(stage_of_process(name), switched)]
 
 
 async def _switch(out: Path, settings: list[str], block: int, steps: int, switches: list[tuple[int, str]],
@@ -116,8 +123,8 @@ async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: P
     from rollart.job.run import RunOptions, run_job
     from rollart.training.checkpoint import CheckpointStore
 
-    if switched not in ("rollout", "stack"):
-        raise ValueError(f"--switch {switched}: rollout or stack")
+    if switched not in ("rollout", "stack", "trainer"):
+        raise ValueError(f"--switch {switched}: rollout, stack or trainer")
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown or len(settings) < 2:
         raise ValueError(f"settings {list(settings)}: name two or more of {', '.join(SETTINGS)}")
@@ -126,7 +133,7 @@ async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: P
                               "benchmark as root (or with a RLIMIT_NICE that allows it)")
     out = work_dir / "run"
     # the switcher decides for what it switches; the rest keeps the job's plan
-    plan = {} if switched == "rollout" else {k: v for k, v in config.machine.scheduling.items() if k != STACK}
+    plan = {k: v for k, v in config.machine.scheduling.items() if not is_switched(k, switched)}
     config = config.model_copy(update={"machine": MachineConfig(scheduling=plan)})
     switches: list[tuple[int, str]] = []
     switching = asyncio.create_task(_switch(out, list(settings), block, steps, switches, switched))

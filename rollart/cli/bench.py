@@ -389,16 +389,16 @@ def scheduling_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
                    out: OutOption = None, steps: Annotated[int, typer.Option(min=10, help="Training steps.")] = 110,
                    block: Annotated[int, typer.Option(min=2, help="Steps under one setting before the next.")] = 6,
                    settings: Annotated[str, typer.Option(help="Settings taking turns, the first the baseline: "
-                                                         "runner, nice, batch, nice+batch, idle.")] = "runner,nice+batch",
+                                                         "runner, nice, batch, nice+batch, idle, slice20.")] = "runner,nice+batch",
                    switch: Annotated[str, typer.Option(help="What the settings apply to: rollout (every stage but the "
-                                                       "trainer) or stack (the run's broker, Redis, Mooncake; the "
-                                                       "stages keep the job's plan).")] = "rollout") -> None:
-    """Seconds per step under each scheduling of the rollout stages (or of the local stack's services),
-    switched every few steps inside one run."""
+                                                       "trainer), stack (the run's broker, Redis, Mooncake) or "
+                                                       "trainer; the rest keeps the job's plan.")] = "rollout") -> None:
+    """Seconds per step under each scheduling of the rollout stages (or of the local stack's services, or
+    of the trainer), switched every few steps inside one run."""
     from rollart.bench.scheduling import bench_scheduling
 
     try:
-        run_benchmark(config, out, bench_scheduling, ["setting", "nice", "policy", "blocks", "s_per_step", "vs_runner",
+        run_benchmark(config, out, bench_scheduling, ["setting", "nice", "policy", "slice_ms", "blocks", "s_per_step", "vs_runner",
                                                       "block_medians"],
                       f"{settings.split(',')[0]} over {settings.split(',')[-1]} seconds per step",
                       job_yaml=config, steps=steps, block=block, settings=tuple(s.strip() for s in settings.split(",")),

@@ -60,14 +60,12 @@ def thread_slice_ns(tid: int) -> int:
     return attr.sched_runtime
 
 
-def ask_slice(tid: int, slice_ms: float | None) -> None:
-    """Ask the scheduler for a ``slice_ms`` time slice for thread ``tid`` (None: the kernel's default),
-    keeping its policy and niceness."""
-    attr = _SchedAttr()
-    _sched_attr_call(True, tid, attr)
-    attr.size, attr.sched_flags = ctypes.sizeof(_SchedAttr), 0
-    attr.sched_runtime = 0 if slice_ms is None else int(slice_ms * 1_000_000)
-    _sched_attr_call(False, tid, attr)
+def apply_scheduling(tid: int, setting: StageScheduling, nice: int) -> None:
+    """Thread ``tid`` (0: this one) under ``setting``'s policy and time slice at niceness ``nice``."""
+    slice_ns = 0 if setting.slice_ms is None else int(setting.slice_ms * 1_000_000)  # 0: the kernel's default
+    _sched_attr_call(False, tid, _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_policy=POLICIES[setting.policy],
+                                            sched_nice=nice, sched_runtime=slice_ns))
+    os.setpriority(os.PRIO_PROCESS, tid, nice)  # sched_setattr to SCHED_IDLE keeps the old niceness (and slice)
 
 
 def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageScheduling) -> None:
@@ -77,12 +75,8 @@ def _in_child(cpus: tuple[int, ...] | None, parent: int, scheduling: StageSchedu
     die_with_parent(signal.SIGTERM, parent)
     if cpus:
         os.sched_setaffinity(0, cpus)
-    if scheduling.policy != "normal":
-        os.sched_setscheduler(0, POLICIES[scheduling.policy], os.sched_param(0))
-    if scheduling.nice:
-        os.nice(scheduling.nice)
-    if scheduling.slice_ms is not None:
-        ask_slice(0, scheduling.slice_ms)
+    if scheduling != StageScheduling():  # the runner's own scheduling is inherited as it is
+        apply_scheduling(0, scheduling, os.nice(0) + scheduling.nice)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from rollart.config import ConfigError, RollartConfig, StageScheduling
-from rollart.local.processes import POLICIES, StageProcesses, ask_slice
+from rollart.local.processes import StageProcesses, apply_scheduling
 from rollart.stages.registry import STAGES, local_processes
 
 
@@ -81,10 +81,7 @@ def schedule_threads(pids: list[int], setting: StageScheduling, base_nice: int) 
             continue
         for tid in tids:
             try:
-                os.sched_setscheduler(tid, POLICIES[setting.policy], os.sched_param(0))
-                os.setpriority(os.PRIO_PROCESS, tid, base_nice + setting.nice)
-                if setting.policy != "idle":
-                    ask_slice(tid, setting.slice_ms)
+                apply_scheduling(tid, setting, base_nice + setting.nice)
             except ProcessLookupError:
                 continue
             done += 1

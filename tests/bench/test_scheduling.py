@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from rollart.bench.scheduling import SETTINGS, against_baseline, block_figures, can_lower_niceness
+from rollart.bench.scheduling import SETTINGS, is_switched, against_baseline, block_figures, can_lower_niceness
+from rollart.local.processes import thread_slice_ns
 from rollart.local.supervision import schedule_threads
 
 # A process with two extra threads and a child of its own, all asleep.
@@ -35,10 +36,17 @@ def test_every_thread_of_a_tree_is_switched_and_back():
         assert schedule_threads([parent.pid], SETTINGS["nice+batch"], base) == len(tids)
         assert {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids} == \
             {(os.SCHED_BATCH, base + 10)}, "every thread, the child's too"
+        schedule_threads([parent.pid], SETTINGS["idle"], base)  # SCHED_IDLE keeps the niceness asked for too
+        assert {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids} == \
+            {(os.SCHED_IDLE, base + 10)}
         if can_lower_niceness():
+            schedule_threads([parent.pid], SETTINGS["slice20"], base)
+            assert {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t), thread_slice_ns(t))
+                    for t in tids} == {(os.SCHED_OTHER, base, 20_000_000)}, "a 20 ms slice, back at the base niceness"
             schedule_threads([parent.pid], SETTINGS["runner"], base)
             assert {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids} == \
                 {(os.SCHED_OTHER, base)}
+            assert all(thread_slice_ns(t) < 20_000_000 for t in tids), "the kernel's default slice again"
         else:  # an unprivileged user cannot take a niceness back: it is said, not ignored
             with pytest.raises(PermissionError):
                 schedule_threads([parent.pid], SETTINGS["runner"], base)
@@ -82,3 +90,10 @@ def test_switch_stack_takes_the_runs_own_services(tmp_path):
                log_dir=str(tmp_path), started_at=0.0, mooncake_pids=[12, 13],
                owner_pid=os.getpid()).write(tmp_path / "stack" / STACK_FILE)
     assert sorted(_switched_pids(tmp_path, "stack")) == [11, 12, 13], "Redis not started by the run is not switched"
+
+
+def test_what_each_switch_takes_from_the_jobs_plan():
+    stages = ["trainer", "generation", "env", "reward", "feeder", "stack"]
+    assert [s for s in stages if is_switched(s, "rollout")] == ["generation", "env", "reward", "feeder"]
+    assert [s for s in stages if is_switched(s, "trainer")] == ["trainer"]
+    assert [s for s in stages if is_switched(s, "stack")] == ["stack"]
