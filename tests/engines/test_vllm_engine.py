@@ -58,3 +58,19 @@ async def test_auto_after_a_uni_engine_is_vllms_own_choice(engine, tiny_model):
         await _generates(auto)
     finally:
         auto.shutdown()
+
+
+async def test_the_engines_special_token_ids_are_resolved_once_not_per_request(engine, tiny_model):
+    from rollart.rollout.chat import load_tokenizer
+
+    tokenizer, expected = engine._engine.renderer.tokenizer, load_tokenizer(tiny_model)
+
+    def lookup(*args, **kwargs):
+        raise AssertionError("a special token's id looked up again")
+
+    object.__setattr__(tokenizer, "convert_tokens_to_ids", lookup)  # shadows the method for this test
+    try:
+        assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (expected.eos_token_id, expected.pad_token_id)
+        await _generates(engine)  # vLLM reads eos_token_id for every request
+    finally:
+        object.__delattr__(tokenizer, "convert_tokens_to_ids")

@@ -20,6 +20,20 @@ def test_appended_context_matches_the_chat_template(chat):
     assert chat.continuation(second, ended)[0] != chat.end_of_turn_id
 
 
+def test_a_repeated_observation_is_rendered_once_and_each_context_is_the_callers_own(chat):
+    from rollart.rollout.chat import ChatFormat
+
+    fresh = ChatFormat(chat.tokenizer)
+    first = fresh.initial("rules", "P _ _ _")
+    first += [1, 2, 3]  # a trajectory appends its turns to its context
+    again = fresh.initial("rules", "P _ _ _")
+    assert again == ChatFormat(chat.tokenizer).initial("rules", "P _ _ _") and again != first
+    step = fresh.continuation("_ P _ _", [5])
+    step.append(9)
+    assert fresh.continuation("_ P _ _", [5]) == step[:-1]
+    assert fresh._initial.cache_info().hits == 1 and fresh._encode.cache_info().hits == 1
+
+
 def test_the_per_turn_fast_path_encodes_and_decodes_as_the_tokenizer_does(chat):
     """continuation / decode go to the Rust tokenizer directly: same ids, same text."""
     import random
