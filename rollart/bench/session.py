@@ -48,6 +48,7 @@ class BenchSession:
     @contextlib.asynccontextmanager
     async def harness(self, config: RollartConfig, *, env: bool = True) -> AsyncIterator[RolloutHarness]:
         from rollart.runtime import open_runtime
+        from rollart.stages.runner import freeze_startup_heap
         from rollart.topics import expand_catalog
         from rollart.topics.admin import apply_topics
 
@@ -55,6 +56,7 @@ class BenchSession:
         async with open_runtime(config, serve=False) as rt:
             harness = RolloutHarness(config, rt, self.engine, self.chat)
             await harness.start(config.pools, env=env)
+            freeze_startup_heap()  # as a deployed member does before its loops
             try:
                 yield harness
             finally:

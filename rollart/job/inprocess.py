@@ -159,6 +159,7 @@ async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
 
     from rollart.engines.vllm_engine import VLLMEngine
     from rollart.models.tiny import ensure_model
+    from rollart.stages.runner import freeze_startup_heap
     from rollart.stages.trainer import build_backend
 
     model = await asyncio.to_thread(ensure_model, config.model)
@@ -172,6 +173,7 @@ async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
         pad_id = AutoTokenizer.from_pretrained(str(model)).pad_token_id
         loop = InProcessLoop(config, engine, backend, chat, pad_id, record, out / "staging",
                              on_rollout_end=on_rollout_end, lag=lag)
+        freeze_startup_heap()  # as every stage member does before its loops
         ready_at = time.time()
         rows = await loop.run(steps, progress)
     finally:

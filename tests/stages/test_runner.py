@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import uuid
 
 import pytest
@@ -215,3 +216,25 @@ async def test_run_member_drains_the_upstream_loop_while_the_downstream_loop_del
     assert handled == ["g0"], "the upstream handler finished: the downstream loop still ran"
     committed = broker.group(f"{config.job}.up").committed
     assert sum(c.offset for c in committed.values()) == 1, "and its input was committed on the way out"
+
+
+async def test_what_start_up_built_is_frozen_out_of_the_collector_before_the_loops_run():
+    """A full collection then walks only what the loops make (with vLLM imported it walked every
+    import's objects: a pause of every turn in flight)."""
+    gc.unfreeze()
+    events: list[str] = []
+    loop, stop = FakeLoop("only", events), StopRequest()
+    frozen: list[int] = []
+
+    async def note_frozen() -> None:
+        await loop.started.wait()
+        frozen.append(gc.get_freeze_count())
+        stop.request()
+
+    try:
+        noting = asyncio.create_task(note_frozen())
+        await supervise(Member(loops=[loop]), stop)
+        await noting
+        assert frozen and frozen[0] > 1000, "the process's objects were frozen before the loop ran"
+    finally:
+        gc.unfreeze()  # the test process goes on as before
