@@ -179,3 +179,19 @@ async def run_in_process(config: RollartConfig, out: Path, steps: int, *,
     finally:
         engine.shutdown()
     return {"started_at": started_at, "ready_at": ready_at, "finished_at": time.time(), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m rollart.job.inprocess CONFIG.json OUT STEPS``: the loop as a process of its own, so
+    that it is timed from its launch (imports included) as a pipeline stage is (``rollart bench
+    time-to-quality``); CONFIG.json is a dumped :class:`RollartConfig`, the rows go to OUT's record."""
+    import sys
+
+    config_json, out, steps = argv if argv is not None else sys.argv[1:]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = RollartConfig.model_validate_json(Path(config_json).read_text())
+    asyncio.run(run_in_process(config, Path(out), int(steps)))
+
+
+if __name__ == "__main__":
+    main()

@@ -64,3 +64,23 @@ async def test_a_lagged_loop_trains_every_batch_one_version_stale(engine, tiny_m
         assert (tmp_path / "staging" / "v3").exists() and not (tmp_path / "staging" / "v1").exists()
     finally:
         await engine.load_weights(stage_state(original, tmp_path / "restore", bucket_bytes=32 << 20), 0)
+
+
+async def test_the_benchmarks_in_process_run_is_a_process_of_its_own_timed_from_its_launch(tiny_model, tmp_path):
+    """``rollart bench time-to-quality`` runs the loop as a process (its imports inside its time, as a
+    pipeline stage's are): the same config through a dump, its rows in its record."""
+    from rollart.bench.time_to_quality import _in_process
+
+    config = build_config({
+        "job": "inprocess-launch", "model": {"path": str(tiny_model)},
+        "generation": {"executor": "uni", "max_model_len": 1024},
+        "feeder": {"group_size": 2, "groups_per_batch": 1},
+        "env": {"sampling": {"temperature": 1.0, "max_tokens": 1}},
+        "trainer": {"micro_batch": 2},
+        "tags": {"frozenlake": {"env": "frozenlake", "reward": {"type": "env"}}},
+    })
+    rows, started_at = await _in_process(config, tmp_path, 1)
+    steps = [r for r in rows if "event" not in r]
+    assert [r["step"] for r in steps] == [1] and steps[0]["samples"] == 2
+    assert steps[0]["time"] - started_at > 1.0, "the clock started before the process imported anything"
+    assert "inprocess-launch" in (tmp_path / "config.json").read_text()
