@@ -16,6 +16,8 @@ from rollart.config import RollartConfig
 from rollart.rollout.direct import DIRECT_INFO_KEY
 from rollart.state import PoolRegistry
 
+WAITING_CHECK_S = 0.1  # how stale a view of the live pools may be while no pool is live
+
 FALLBACKS = Counter("rollart_env_pool_fallbacks_total",
                     "Requests sent to another pool because the tag's pool had no live members",
                     ("job", "tag", "from_pool", "to_pool"))
@@ -39,8 +41,8 @@ class PoolRouter:
         self.refreshes = 0  # of the direct addresses
         self._checked = 0.0
 
-    async def _refresh(self) -> None:
-        if time.monotonic() - self._checked < self.config.routing.live_check_interval_s:
+    async def _refresh(self, max_age_s: float) -> None:
+        if time.monotonic() - self._checked < max_age_s:
             return
         if self.config.generation.transport == "direct":
             infos = {pool: await self.registry.live_infos(pool) for pool in self.config.pools}
@@ -70,8 +72,9 @@ class PoolRouter:
         preferred = eval_pool if evaluation else self.config.pool_for(tag)
         fallbacks = [] if evaluation else [p for p in self.config.pools if p != eval_pool]
         deadline = time.monotonic() + wait_s
+        max_age_s = interval_s = self.config.routing.live_check_interval_s
         while True:
-            await self._refresh()
+            await self._refresh(max_age_s)
             if self._live.get(preferred, False):
                 return preferred
             for pool in fallbacks:
@@ -80,4 +83,8 @@ class PoolRouter:
                     return pool
             if time.monotonic() >= deadline:
                 return preferred  # queue on the preferred pool until it comes up
-            await asyncio.sleep(self.config.routing.live_check_interval_s)
+            # Waiting (engines loading at a run's start, a pool restarting): look again sooner, so the
+            # first turns leave as the pool comes up, not up to an interval later (one Redis read per
+            # look: the waiting trajectories share it).
+            max_age_s = min(WAITING_CHECK_S, interval_s)
+            await asyncio.sleep(max_age_s)
