@@ -9,9 +9,11 @@ Two runs of the same job on the same cores, one after the other:
 
 For each, the time (from the launch of its processes, imports and engine start-up included: the
 in-process loop runs as a process of its own) and the step at which the success rate over the last
-``window`` steps first reaches ``target``, and the success rate over the last 20 steps. The headline is pipeline time ÷ in-process time to the target (the "Loop throughput" goal:
-≤ 1.0, i.e. disaggregation costs no learning time). A run that never reaches the target has no time;
-the ratio is then over the whole runs and says so.
+``window`` steps first reaches ``target``, and the success rate over the last 20 steps. The headline
+is pipeline time ÷ in-process time to the target (the "Loop throughput" goal: ≤ 1.0, i.e.
+disaggregation costs no learning time), the median over ``repeats`` pairs of runs (the steps to the
+target move by ±15% between runs of either). A run that never reaches the target has no time; its
+pair's ratio is then over the whole runs and says so.
 """
 
 from __future__ import annotations
@@ -84,31 +86,50 @@ async def _in_process(config: RollartConfig, out: Path, steps: int) -> tuple[lis
 
 async def bench_time_to_quality(config: RollartConfig, work_dir: Path, *, job_yaml: Path, steps: int = 150,
                                 target: float = 0.9, window: int = 5,
-                                order: tuple[str, ...] = ("in-process", "pipeline")) -> dict[str, Any]:
-    runs = {"pipeline": lambda: _pipeline(job_yaml, config, work_dir / "pipeline", steps),
-            "in-process": lambda: _in_process(config, work_dir / "in-process", steps)}
+                                order: tuple[str, ...] = ("in-process", "pipeline"), repeats: int = 1) -> dict[str, Any]:
+    runs = {"pipeline": lambda repeat: _pipeline(job_yaml, config, work_dir / f"pipeline-{repeat}", steps),
+            "in-process": lambda repeat: _in_process(config, work_dir / f"in-process-{repeat}", steps)}
     unknown = [m for m in order if m not in runs]
-    if unknown or len(set(order)) != len(order):
+    if unknown or len(set(order)) != len(order) or not order:
         raise ValueError(f"order: each of {sorted(runs)} at most once (got {list(order)})")
+    if repeats < 1:
+        raise ValueError(f"repeats: at least 1 (got {repeats})")
     rows = []
-    for mode in order:
-        record, started_at = await runs[mode]()
-        rows.append({"mode": mode, **time_to_target(record, started_at, target=target, window=window)})
-    by_mode = {r["mode"]: r for r in rows}
-    missed = [r["mode"] for r in rows if r["seconds_to_target"] is None]
+    for repeat in range(1, repeats + 1):
+        for mode in order if repeat % 2 else order[::-1]:  # each mode runs first as often as second
+            record, started_at = await runs[mode](repeat)
+            rows.append({"mode": mode, "repeat": repeat,
+                         **time_to_target(record, started_at, target=target, window=window)})
+    missed = [f"{r['mode']} (repeat {r['repeat']})" for r in rows if r["seconds_to_target"] is None]
     result: dict[str, Any] = {"benchmark": "time-to-quality", "target": target, "window_steps": window,
                               "setup": {"steps": steps, "config": str(job_yaml), "alpha": config.feeder.alpha,
-                                        "batch": config.feeder.groups_per_batch * config.feeder.group_size},
+                                        "batch": config.feeder.groups_per_batch * config.feeder.group_size,
+                                        "repeats": repeats},
                               "rows": rows}
     if missed:  # the runs' records (grad norms, importance weights) tell a collapse from slow learning
         result["keep_work_dir"] = f"did not reach {target:.0%}: {', '.join(missed)}"
-    if len(by_mode) == 2:
-        pipe, local = by_mode["pipeline"], by_mode["in-process"]
+    if len(order) == 2:
+        result.update(pipeline_over_in_process(rows))
+    return result
+
+
+def pipeline_over_in_process(rows: list[dict]) -> dict[str, Any]:
+    """Each repeat's pipeline time over its in-process time to the target (over the whole runs where
+    either missed it); the headline is their median, as is the steps ratio (repeats where both reached it)."""
+    ratios, steps, whole = [], [], 0
+    for repeat in sorted({r["repeat"] for r in rows}):
+        pipe, local = (next(r for r in rows if r["repeat"] == repeat and r["mode"] == mode)
+                       for mode in ("pipeline", "in-process"))
         both = pipe["seconds_to_target"] is not None and local["seconds_to_target"] is not None
         key = "seconds_to_target" if both else "seconds_total"
-        result["speedup"] = pipe[key] / local[key]  # printed as the headline: pipeline over in-process
-        result["pipeline_over_in_process"] = result["speedup"]
-        result["measured_on"] = "time to target" if both else "whole runs (a run did not reach the target)"
+        ratios.append(pipe[key] / local[key])
         if both:
-            result["steps_ratio"] = pipe["steps_to_target"] / local["steps_to_target"]
+            steps.append(pipe["steps_to_target"] / local["steps_to_target"])
+        whole += not both
+    result: dict[str, Any] = {"speedup": statistics.median(ratios), "ratios": [round(r, 4) for r in ratios],
+                              "measured_on": "time to target" if not whole else
+                              f"whole runs in {whole} of {len(ratios)} repeats (a run did not reach the target)"}
+    result["pipeline_over_in_process"] = result["speedup"]  # printed as the headline
+    if steps:
+        result["steps_ratio"] = statistics.median(steps)
     return result

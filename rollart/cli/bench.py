@@ -309,17 +309,20 @@ def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", h
                         = 5,
                         order: Annotated[str, typer.Option(help="Which runs, in order: in-process,pipeline "
                                                                 "(either alone: its figures only).")]
-                        = "in-process,pipeline") -> None:
+                        = "in-process,pipeline",
+                        repeats: Annotated[int, typer.Option(min=1, help="Pairs of runs (the order alternates); "
+                                                                         "the headline is their median ratio.")]
+                        = 1) -> None:
     """Time to a success rate: the pipeline (rollart run) against an in-process generate-then-train loop."""
     from rollart.bench.time_to_quality import bench_time_to_quality
 
     try:
         result = run_benchmark(config, out, bench_time_to_quality,
-                               ["mode", "seconds_to_target", "steps_to_target", "seconds_per_step",
+                               ["mode", "repeat", "seconds_to_target", "steps_to_target", "seconds_per_step",
                                 "first_step_s", "success_last_steps", "train_s_mean", "wait_s_mean"],
                                f"pipeline time over in-process time to {target:.0%} success", job_yaml=config,
                                steps=steps, target=target, window=window,
-                               order=tuple(m.strip() for m in order.split(",") if m.strip()))
+                               order=tuple(m.strip() for m in order.split(",") if m.strip()), repeats=repeats)
     except ValueError as exc:  # --order names an unknown run (checked before anything starts)
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,24 @@ def test_time_to_quality_finds_the_first_window_at_the_target():
     assert never["seconds_to_target"] is None and never["steps_to_target"] is None
     with pytest.raises(ValueError, match="no training steps"):
         time_to_target([{"event": "publish"}], 0.0, target=0.9, window=1)
+
+
+def test_time_to_quality_headline_is_the_median_of_each_repeats_pair():
+    from rollart.bench.time_to_quality import pipeline_over_in_process
+
+    def row(mode, repeat, seconds, steps, total=200.0):
+        return {"mode": mode, "repeat": repeat, "seconds_to_target": seconds, "steps_to_target": steps,
+                "seconds_total": total}
+
+    rows = [row("in-process", 1, 100.0, 80), row("pipeline", 1, 90.0, 88),
+            row("pipeline", 2, 120.0, 100), row("in-process", 2, 100.0, 80),
+            row("in-process", 3, 80.0, 70), row("pipeline", 3, None, None, total=300.0)]
+    figures = pipeline_over_in_process(rows)
+    assert figures["ratios"] == [0.9, 1.2, 1.5], "a pair where one missed the target: over whole runs"
+    assert figures["speedup"] == figures["pipeline_over_in_process"] == 1.2
+    assert figures["steps_ratio"] == statistics.median([88 / 80, 100 / 80])
+    assert figures["measured_on"].startswith("whole runs in 1 of 3")
+    assert pipeline_over_in_process(rows[:4])["measured_on"] == "time to target"
 
 
 def test_off_policy_tells_a_run_that_kept_its_success_from_one_that_collapsed():
