@@ -25,7 +25,8 @@ from typing import Any, Literal
 from rollart.config import MachineConfig, RollartConfig, StageScheduling
 from rollart.local.supervision import STACK, own_stack_pids, schedule_threads
 
-Switched = Literal["rollout", "stack", "trainer"]  # every stage but the trainer, the local stack's services, the trainer
+# every stage but the trainer, the local stack's services, or the trainer
+Switched = Literal["rollout", "stack", "trainer"]
 
 # The settings a run switches between, by name; "runner" first: the ratios are against it.
 SETTINGS: dict[str, StageScheduling] = {

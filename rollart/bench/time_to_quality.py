@@ -86,7 +86,8 @@ async def _in_process(config: RollartConfig, out: Path, steps: int) -> tuple[lis
 
 async def bench_time_to_quality(config: RollartConfig, work_dir: Path, *, job_yaml: Path, steps: int = 150,
                                 target: float = 0.9, window: int = 5,
-                                order: tuple[str, ...] = ("in-process", "pipeline"), repeats: int = 1) -> dict[str, Any]:
+                                order: tuple[str, ...] = ("in-process", "pipeline"),
+                                repeats: int = 1) -> dict[str, Any]:
     runs = {"pipeline": lambda repeat: _pipeline(job_yaml, config, work_dir / f"pipeline-{repeat}", steps),
             "in-process": lambda repeat: _in_process(config, work_dir / f"in-process-{repeat}", steps)}
     unknown = [m for m in order if m not in runs]

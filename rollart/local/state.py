@@ -65,11 +65,14 @@ class StackState:
     def broker(self) -> BrokerInfo:
         return BrokerInfo(self.broker_kind, self.broker_version or "unknown")
 
-    def services(self) -> dict[str, int]:
-        """Each running service of the stack by name, with its pid (a Redis not ours is not listed)."""
-        named = {"broker": self.broker_pid, "redis": self.redis_pid}
+    def services(self) -> dict[str, int | None]:
+        """Each service of the stack by name, with its pid: the broker always (a record without its pid
+        reads as down), Redis and Mooncake where this stack started them (a Redis not ours is not listed)."""
+        named: dict[str, int | None] = {"broker": self.broker_pid}
+        if self.redis_pid is not None:
+            named["redis"] = self.redis_pid
         named.update(zip(("mooncake master", "mooncake store"), self.mooncake_pids or ()))
-        return {name: pid for name, pid in named.items() if pid is not None or name == "broker"}
+        return named
 
     def dead(self) -> list[str]:
         """The services no longer running, as "name (pid N)"; empty while the whole stack is up."""
