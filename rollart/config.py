@@ -73,6 +73,9 @@ class BusConfig(Section):
     max_in_flight: int = Field(default=256, ge=1)
     commit_interval_s: float = Field(default=0.5, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    # A stopping member's last commit waits this long for the broker (as Kafka's default.api.timeout.ms
+    # bounds a blocking commit): a client retries while no coordinator answers, and the member must leave.
+    commit_timeout_s: float = Field(default=30.0, gt=0)
     handler_attempts: int = Field(default=3, ge=1)
     retry_backoff_s: float = Field(default=0.1, ge=0)
     dedup_ttl_s: int = Field(default=24 * 3600, ge=1)

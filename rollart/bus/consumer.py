@@ -365,7 +365,12 @@ class ConsumerLoop:
     async def _shutdown(self) -> None:
         try:
             await self._drain(None)
-            await self._commit()
+            # bounded (bus.commit_timeout_s): a client retries a commit while no coordinator answers (a broker
+            # electing leaders), and a stopping member must still leave; what it left uncommitted is redone
+            await asyncio.wait_for(self._commit(), self.config.bus.commit_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("%s: final commit unanswered after %.0fs: left uncommitted, the next owner redoes it",
+                        self.group, self.config.bus.commit_timeout_s)
         except Exception:
             log.exception("%s: final commit failed", self.group)
         finally:

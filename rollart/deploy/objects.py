@@ -197,8 +197,9 @@ def trainer_ranks(r: "Renderer", component: Component) -> list[dict]:
 
 
 def grace_period_s(r: "Renderer") -> int:
-    # SIGTERM: running groups get env.shutdown_grace_s, then the loop drains and commits.
-    return int(r.config.env.shutdown_grace_s + r.config.bus.drain_timeout_s) + 15
+    # SIGTERM: running groups get env.shutdown_grace_s, then the loop drains and commits (each bounded).
+    bus = r.config.bus
+    return int(r.config.env.shutdown_grace_s + bus.drain_timeout_s + bus.commit_timeout_s) + 15
 
 
 def pod_spec(r: "Renderer", component: Component) -> dict:

@@ -152,6 +152,45 @@ async def test_a_handler_runs_in_a_consumer_loop_without_kafka_or_redis(broker):
     assert sum(c.offset for c in committed.values()) == 10, "every input committed on the way out"
 
 
+async def test_a_stopping_loop_leaves_when_its_final_commit_is_never_answered(broker, monkeypatch):
+    """A broker with no coordinator to answer (electing leaders) has the client retry a commit for as
+    long as it likes: the member still leaves, within ``bus.commit_timeout_s``, its offsets uncommitted."""
+    from rollart.bus import BusProducer, ConsumerLoop
+    from rollart.bus.memory import MemoryGroupConsumer
+    from rollart.endpoints import Endpoints
+    from rollart.messages import TaskSpec
+    from rollart.topics import expand_catalog
+    from rollart.topics.admin import apply_topics
+    from tests.conftest import make_config
+
+    bootstrap = next(k for k, v in InMemoryBroker._brokers.items() if v is broker)
+    endpoints = Endpoints(bootstrap, "redis://unused", "test", broker="memory")
+    config = make_config(endpoints, bus={"commit_interval_s": 60, "commit_timeout_s": 0.5})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    handled = []
+
+    async def handle(envelope, ctx) -> None:
+        handled.append(envelope.message.group_id)
+
+    async def unanswered(self, offsets) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(MemoryGroupConsumer, "commit", unanswered)
+    async with BusProducer(config, endpoints) as producer:
+        await producer.send_and_wait("tasks", TaskSpec(group_id="g0", env="e", tag="t", group_size=1), key="g0")
+        loop = ConsumerLoop(config=config, endpoints=endpoints, group="env", topics=["tasks"], handler=handle,
+                            producer=producer)
+        running = asyncio.create_task(loop.run())
+        for _ in range(100):
+            if handled:
+                break
+            await asyncio.sleep(0.02)
+        loop.stop()
+        await asyncio.wait_for(running, 10)  # without the bound: forever
+    assert handled == ["g0"]
+    assert not broker.group(f"{config.job}.env").committed, "nothing committed: the next owner redoes it"
+
+
 async def test_a_member_that_misses_a_rebalance_is_dropped_and_joins_again(broker, monkeypatch):
     import rollart.bus.memory as memory
 
