@@ -158,6 +158,9 @@ class TrainerConfig(Section):
     loss_aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     clip_low: float = Field(default=0.2, ge=0)
     clip_high: float = Field(default=0.28, ge=0)
+    # Dual-clip PPO's c (verl's clip_ratio_c): a token with a negative advantage whose ratio to the old
+    # policy passed c gets no gradient (rollart/training/algorithms.py::_dual_clip says why). null: off.
+    dual_clip: float | None = Field(default=3.0, gt=1)
     # AReaL's decoupled objective for stale samples: the clip acts around a proximal policy, the version
     # before the one trained (one optimiser step back; exact at staleness 0 and 1), and exp(proximal -
     # behaviour), capped at importance_cap, weighs older tokens. False: the clip acts around the behaviour

@@ -28,6 +28,7 @@ class PolicyLossConfig:
     algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
     clip_low: float = 0.2
     clip_high: float = 0.28  # asymmetric ("clip-higher") keeps exploration alive for rare tokens
+    dual_clip: float | None = 3.0  # dual-clip PPO's c: a negative advantage's loss stops growing past ratio c
     decoupled: bool = False  # AReaL: clip around proximal logprobs, weight by behaviour→proximal ratio
     proximal: Literal["previous", "current"] = "previous"  # the decoupled proximal policy (proximal_logprobs)
     importance_cap: float = 5.0  # cap of the decoupled importance weight
@@ -104,6 +105,18 @@ def old_logprobs(cfg: PolicyLossConfig, current: torch.Tensor, behaviour: torch.
     return proximal_logprobs(current, behaviour, staleness)
 
 
+def _dual_clip(per_token: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor,
+               c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dual-clip PPO (Ye et al., 2020; verl's ``clip_ratio_c``): under a negative advantage the clipped
+    objective is linear in the ratio with no bound, so a token the last step made far likelier (a rare
+    exploratory token in a failed trajectory, ratio 7.6 in a demo run) gets a gradient many times a normal
+    token's (that step's norm was 18, against 0.1-0.8). Past ratio ``c`` its loss is the constant
+    ``-c * adv``: no gradient. Returns the loss per token and where the bound holds."""
+    bound = -c * adv
+    dual = (adv < 0) & (per_token > bound)
+    return torch.where(dual, bound.expand_as(per_token), per_token), dual.to(per_token.dtype)
+
+
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: PolicyLossConfig, *, behaviour_logprobs: torch.Tensor | None = None,
                 ref_logprobs: torch.Tensor | None = None,
@@ -120,9 +133,13 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         clipped = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
         per_token = -torch.minimum(ratio * adv, clipped * adv)
         clipped_tokens = ((ratio * adv) > (clipped * adv)).to(logprobs.dtype)
+        if cfg.dual_clip is not None:
+            per_token, dual = _dual_clip(per_token, ratio, adv, cfg.dual_clip)
+            metrics["dual_clip_fraction"] = float(masked_mean(dual, mask))
         metrics["clip_fraction"] = float(masked_mean(clipped_tokens, mask))
         metrics["approx_kl_old"] = float(masked_mean(0.5 * log_ratio.detach() ** 2, mask))
         metrics["ratio_mean"] = float(masked_mean(ratio.detach(), mask))
+        metrics["ratio_max"] = float(ratio.detach().masked_fill(mask == 0, 0.0).max()) if mask.any() else 1.0
         if cfg.decoupled:
             if behaviour_logprobs is None:
                 raise ValueError("decoupled PPO needs behaviour_logprobs (old_logprobs are the proximal ones)")

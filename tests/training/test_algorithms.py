@@ -45,6 +45,26 @@ def test_clipped_objective_by_hand():
     assert math.isclose(float(loss_neg), (1.0 + 1.6 + 0.8) / 3, rel_tol=1e-5)
 
 
+def test_dual_clip_bounds_a_negative_advantage_past_ratio_c():
+    """Ratios 1.6, 5 and 8 under A = -1: the first keeps its (unclipped) gradient, the two past c = 3 lose
+    theirs and weigh c; a positive advantage is untouched; ``dual_clip=None`` leaves the plain objective."""
+    old = torch.log(torch.tensor([[0.1, 0.1, 0.1]]))
+    new = torch.log(torch.tensor([[0.16, 0.5, 0.8]])).requires_grad_()
+    mask = torch.tensor([[1, 1, 1]])
+    cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+    loss, metrics = policy_loss(new, old, torch.tensor([-1.0]), mask, cfg)
+    assert math.isclose(float(loss), (1.6 + 3.0 + 3.0) / 3, rel_tol=1e-5)
+    assert math.isclose(metrics["dual_clip_fraction"], 2 / 3, rel_tol=1e-5)
+    assert math.isclose(metrics["ratio_max"], 8.0, rel_tol=1e-5)
+    loss.backward()
+    assert new.grad[0, 0] > 0 and new.grad[0, 1:].tolist() == [0.0, 0.0]
+    plain, _ = policy_loss(new, old, torch.tensor([-1.0]), mask, PolicyLossConfig(clip_low=0.2, clip_high=0.2,
+                                                                                  dual_clip=None))
+    assert math.isclose(float(plain), (1.6 + 5.0 + 8.0) / 3, rel_tol=1e-5)
+    positive, metrics = policy_loss(new, old, torch.tensor([1.0]), mask, cfg)
+    assert math.isclose(float(positive), -1.2, rel_tol=1e-5) and metrics["dual_clip_fraction"] == 0.0
+
+
 def test_mask_excludes_prompt_and_env_tokens_and_gradients_flow_only_there():
     cfg = PolicyLossConfig(algorithm="reinforce")
     logprobs = torch.tensor([[-1.0, -2.0, -3.0, -4.0]], requires_grad=True)
