@@ -9,12 +9,15 @@ Objectives, interleaved over ``repeats`` (each repeat its own trainer seed):
 * ``previous``: the decoupled objective with the proximal policy one version back (the default);
 * ``current``: the proximal policy is the weights being trained (AReaL's recomputed logprobs; with one
   optimiser step per batch its clip never binds);
-* ``behaviour``: plain PPO, the clip around the policy that generated the tokens.
+* ``behaviour``: plain PPO, the clip around the policy that generated the tokens;
+* ``previous-no-dual``: ``previous`` without the dual clip (``trainer.dual_clip: null``): a negative
+  advantage's loss grows without bound in the ratio.
 
 For each run: the step at which the success over the last ``window`` steps first reaches ``target``,
 the success over the last 20 steps, whether it got there and held it (``held``), got there and lost it
 (``lost``) or never did, the highest entropy after the first steps (a policy spread over the whole
-vocabulary, every turn invalid, is near log(vocabulary)), and the mean clip fraction. The headline is
+vocabulary, every turn invalid, is near log(vocabulary)), the mean clip fraction, and the largest
+gradient norm and KL to the old policy of any step (an overshooting step shows there first). The headline is
 ``held``: the share of runs of the first objective that reached the target and kept it.
 """
 
@@ -31,6 +34,7 @@ OBJECTIVES: dict[str, dict[str, Any]] = {
     "previous": {"decoupled": True, "proximal": "previous"},
     "current": {"decoupled": True, "proximal": "current"},
     "behaviour": {"decoupled": False},
+    "previous-no-dual": {"decoupled": True, "proximal": "previous", "dual_clip": None},
 }
 WARM_STEPS = 5  # the entropy of the first steps is the warm start's, not the objective's
 HELD = 0.8  # success over the last 20 steps at or above this: the run kept what it learned
@@ -47,6 +51,8 @@ def run_figures(rows: list[dict], *, target: float, window: int) -> dict[str, An
             "lost": reached and timing["success_last_steps"] < HELD,
             "entropy_max": max(m.get("entropy", 0.0) for m in later),
             "clip_fraction_mean": statistics.mean(m.get("clip_fraction", 0.0) for m in metrics),
+            "grad_norm_max": max(m.get("grad_norm", 0.0) for m in later),
+            "approx_kl_old_max": max(m.get("approx_kl_old", 0.0) for m in later),
             "steps": timing["steps"]}
 
 

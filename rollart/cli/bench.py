@@ -337,7 +337,8 @@ def off_policy_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
                    steps: Annotated[int, typer.Option(min=25, help="Training steps of each run.")] = 120,
                    repeats: Annotated[int, typer.Option(min=1, help="Runs of each objective.")] = 3,
                    lag: Annotated[int, typer.Option(min=0, help="Versions the engine is behind the trainer.")] = 1,
-                   objectives: Annotated[str, typer.Option(help="Comma-separated: previous, current, behaviour; "
+                   objectives: Annotated[str, typer.Option(help="Comma-separated: previous, current, behaviour, "
+                                                                "previous-no-dual; "
                                                                 "the first is the headline's.")]
                    = "previous,current") -> None:
     """Stale batches without the pipeline: the in-process loop with its engine LAG versions behind, per
@@ -347,7 +348,7 @@ def off_policy_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
     try:
         result = run_benchmark(config, out, bench_off_policy,
                                ["objective", "repeat", "steps_to_target", "success_last_steps", "held", "entropy_max",
-                                "clip_fraction_mean"], "", steps=steps, repeats=repeats, lag=lag,
+                                "clip_fraction_mean", "grad_norm_max", "approx_kl_old_max"], "", steps=steps, repeats=repeats, lag=lag,
                                objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()))
     except ValueError as exc:  # an unknown objective, too few steps (checked before anything starts)
         Console(stderr=True).print(f"[red]{exc}[/red]")

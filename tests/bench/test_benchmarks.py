@@ -192,7 +192,8 @@ def test_off_policy_tells_a_run_that_kept_its_success_from_one_that_collapsed():
 
     def run(success: list[float], entropy: float) -> list[dict]:
         return [{"step": i + 1, "time": float(i), "success_rate": s, "train_s": 1.0, "wait_s": 0.5,
-                 "metrics": {"entropy": entropy if i == 10 else 0.5, "clip_fraction": 0.1}}
+                 "metrics": {"entropy": entropy if i == 10 else 0.5, "clip_fraction": 0.1,
+                             "grad_norm": 18.0 if i == 12 else 0.3, "approx_kl_old": entropy / 5 if i == 13 else 0.0}}
                 for i, s in enumerate(success)]
 
     held = run_figures(run([0.1] * 10 + [1.0] * 30, 0.9), target=0.9, window=5)
@@ -200,6 +201,7 @@ def test_off_policy_tells_a_run_that_kept_its_success_from_one_that_collapsed():
     collapsed = run_figures(run([0.1] * 10 + [1.0] * 10 + [0.0] * 20, 6.0), target=0.9, window=5)
     assert collapsed["steps_to_target"] == 15 and collapsed["lost"] and not collapsed["held"]
     assert collapsed["entropy_max"] == 6.0 and collapsed["success_last_steps"] == 0.0
+    assert collapsed["grad_norm_max"] == 18.0 and collapsed["approx_kl_old_max"] == pytest.approx(1.2)
     never = run_figures(run([0.1] * 40, 0.9), target=0.9, window=5)
     assert never["steps_to_target"] is None and not never["held"] and not never["lost"]
     rows = [{"objective": "previous", **held}, {"objective": "current", **collapsed},
