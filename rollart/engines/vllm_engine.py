@@ -79,6 +79,7 @@ class VLLMEngine:
                                    max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,
                                    gpu_memory_utilization=self.config.gpu_memory_utilization,
                                    max_num_seqs=self.config.max_concurrency, distributed_executor_backend=executor,
+                                   scheduling_policy="priority" if self.config.serve_order == "oldest_group" else "fcfs",
                                    worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
             self._engine = AsyncLLM.from_engine_args(args)
         _pin_special_token_ids(getattr(getattr(self._engine, "renderer", None), "tokenizer", None))
@@ -127,7 +128,8 @@ class VLLMEngine:
         self._by_traj.setdefault(request.traj_id, set()).add(request_id)
         try:
             stream = self._engine.generate(_token_prompt(list(request.prompt_ids)),
-                                           self._sampling_params(request), request_id=request_id)
+                                           self._sampling_params(request), request_id=request_id,
+                                           priority=self._priority(request))
             async for output in stream:
                 completion = output.outputs[0]
                 tokens.extend(completion.token_ids)
@@ -147,6 +149,12 @@ class VLLMEngine:
                                 finish_reason=finish if finish in ("stop", "length", "abort") else "stop",
                                 prompt_tokens=len(request.prompt_ids),
                                 latency_s=time.perf_counter() - started)
+
+    def _priority(self, request: GenerationRequest) -> int:
+        """vLLM serves the lowest first (ties by arrival): the group's admission, in milliseconds."""
+        if self.config.serve_order != "oldest_group":
+            return 0
+        return int((request.admitted_at or request.created_at) * 1000)
 
     async def abort_trajectory(self, traj_id: str, episode: str = "") -> int:
         """Cancel the trajectory's requests of one run (``episode``), or of every run; returns how many.

@@ -84,7 +84,7 @@ class GenerationRequest:
     """Ask a generation pool for the next LLM turn of a trajectory (full token context)."""
 
     KIND: ClassVar[str] = "GenerationRequest"
-    SCHEMA: ClassVar[tuple[int, int]] = (1, 2)
+    SCHEMA: ClassVar[tuple[int, int]] = (1, 3)
 
     traj_id: Id
     turn: NonNegInt
@@ -106,6 +106,10 @@ class GenerationRequest:
     min_version: Version = 0
     # Serve with exactly this version's weights (an eval task's pinned version; only the eval pool can).
     exact_version: Version | None = None
+    # When the feeder admitted the trajectory's group (TaskSpec.created_at): under generation.serve_order
+    # oldest_group an engine with more turns than slots serves the oldest groups' first. 0: unknown
+    # (the request's own created_at counts).
+    admitted_at: float = 0.0
 
     def message_id(self) -> str:
         return f"gen:{self.traj_id}:{self.episode}:{self.turn}:{self.attempt}"

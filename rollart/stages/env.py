@@ -280,7 +280,7 @@ class EnvManager:
                                      group_id=task.group_id, tag=task.tag, pool=pool, prompt_ids=builder.tokens,
                                      reply_partition=partition, owner=self.member, sampling=sampling,
                                      created_at=time.time(), min_version=task.admitted_version,
-                                     exact_version=task.eval_version)
+                                     exact_version=task.eval_version, admitted_at=task.created_at)
 
         started = time.perf_counter()
         try:
