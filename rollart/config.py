@@ -246,10 +246,11 @@ class GenerationConfig(Section):
         return max(self.fetch_max_wait_ms, DIRECT_FALLBACK_FETCH_MAX_WAIT_MS) if self.transport == "direct" \
             else self.fetch_max_wait_ms
 
-    # Which waiting turns the engine serves first when it has more than max_concurrency: "oldest_group",
-    # the turns of the groups the feeder admitted first (vLLM's priority scheduling; a batch needs whole
-    # groups, and the oldest are nearest their staleness bound), or "arrival" (vLLM's FCFS).
-    serve_order: Literal["oldest_group", "arrival"] = "oldest_group"
+    # Which waiting turns the engine serves first when it has more than max_concurrency: "arrival" (vLLM's
+    # FCFS), or "oldest_group": the turns of the groups the feeder admitted first (vLLM's priority
+    # scheduling; a batch needs whole groups, and the oldest are nearest their staleness bound). In the
+    # demo it changed neither the first batch nor the step (README, "How a rollout flows").
+    serve_order: Literal["arrival", "oldest_group"] = "arrival"
     # Requests in flight when new weights load: re-prefill them under the new weights, or keep their KV.
     on_weight_update: Literal["recompute", "keep"] = "recompute"
     follow_versions: bool = True  # pull and load each announced version

@@ -348,7 +348,8 @@ def off_policy_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
     try:
         result = run_benchmark(config, out, bench_off_policy,
                                ["objective", "repeat", "steps_to_target", "success_last_steps", "held", "entropy_max",
-                                "clip_fraction_mean", "grad_norm_max", "approx_kl_old_max"], "", steps=steps, repeats=repeats, lag=lag,
+                                "clip_fraction_mean", "grad_norm_max", "approx_kl_old_max"], "",
+                               steps=steps, repeats=repeats, lag=lag,
                                objectives=tuple(o.strip() for o in objectives.split(",") if o.strip()))
     except ValueError as exc:  # an unknown objective, too few steps (checked before anything starts)
         Console(stderr=True).print(f"[red]{exc}[/red]")

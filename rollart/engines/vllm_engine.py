@@ -75,11 +75,12 @@ class VLLMEngine:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
+            policy = "priority" if self.config.serve_order == "oldest_group" else "fcfs"
             args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype,
                                    max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,
                                    gpu_memory_utilization=self.config.gpu_memory_utilization,
                                    max_num_seqs=self.config.max_concurrency, distributed_executor_backend=executor,
-                                   scheduling_policy="priority" if self.config.serve_order == "oldest_group" else "fcfs",
+                                   scheduling_policy=policy,
                                    worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
             self._engine = AsyncLLM.from_engine_args(args)
         _pin_special_token_ids(getattr(getattr(self._engine, "renderer", None), "tokenizer", None))

@@ -61,8 +61,9 @@ RECENT_STEPS_KEPT = 64  # steps whose trained ids the checkpoint keeps (redelive
 def loss_config(config: RollartConfig) -> PolicyLossConfig:
     t = config.trainer
     return PolicyLossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, dual_clip=t.dual_clip,
-                            decoupled=t.decoupled, proximal=t.proximal, importance_cap=t.importance_cap, kl_coef=t.kl_coef,
-                            entropy_coef=t.entropy_coef, token_mean=t.loss_aggregation == "token_mean")
+                            decoupled=t.decoupled, proximal=t.proximal, importance_cap=t.importance_cap,
+                            kl_coef=t.kl_coef, entropy_coef=t.entropy_coef,
+                            token_mean=t.loss_aggregation == "token_mean")
 
 
 def trainer_alpha(config: RollartConfig) -> int:

@@ -65,6 +65,19 @@ def informative_groups(rewards: list[float], group_ids: list[str]) -> set[str]:
     return {gid for gid, values in by_group.items() if len(values) > 1}
 
 
+MAX_METRICS = frozenset({"ratio_max"})  # a batch's is the largest of its parts', not their weighted sum
+
+
+def combine_metrics(into: dict[str, float], part: dict[str, float], weight: float = 1.0) -> dict[str, float]:
+    """Add one part's metrics (a micro-batch's, a rank's) to ``into``: weighted sums, or maxima."""
+    for key, value in part.items():
+        if key in MAX_METRICS:
+            into[key] = max(into.get(key, value), value)
+        else:
+            into[key] = into.get(key, 0.0) + value * weight
+    return into
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, token_mean: bool = True) -> torch.Tensor:
     mask = mask.to(values.dtype)
     if token_mean:

@@ -38,6 +38,7 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
+from rollart.training.algorithms import combine_metrics
 from rollart.training.ranks import Rendezvous
 from rollart.training.torch_backend import Batch
 
@@ -95,8 +96,7 @@ def _sum_metrics(metrics: dict[str, float], world_size: int) -> dict[str, float]
     dist.all_gather_object(gathered, metrics)
     total: dict[str, float] = {}
     for part in gathered:
-        for key, value in part.items():
-            total[key] = total.get(key, 0.0) + value
+        combine_metrics(total, part)
     return total
 
 

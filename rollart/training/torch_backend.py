@@ -15,7 +15,13 @@ from pathlib import Path
 import torch
 
 from rollart.messages import ScoredTrajectory
-from rollart.training.algorithms import PolicyLossConfig, group_advantages, old_logprobs, policy_loss
+from rollart.training.algorithms import (
+    PolicyLossConfig,
+    combine_metrics,
+    group_advantages,
+    old_logprobs,
+    policy_loss,
+)
 
 
 @dataclass
@@ -165,8 +171,7 @@ class AccumulatingBackend:
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
                      else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()
-            for key, value in m.items():
-                metrics[key] = metrics.get(key, 0.0) + value * share
+            combine_metrics(metrics, m, share)
         return metrics
 
     def apply_gradients(self) -> float:

@@ -84,7 +84,8 @@ async def test_oldest_groups_turns_are_served_first_when_the_engine_is_full(tiny
     their group's admission, oldest first, not in their arrival order (vLLM's FCFS)."""
     from rollart.engines.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=1, max_model_len=256))
+    engine = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=1, max_model_len=256,
+                                                     serve_order="oldest_group"))
     await engine.start()
     finished: list[str] = []
 
