@@ -80,8 +80,8 @@ async def test_the_engines_special_token_ids_are_resolved_once_not_per_request(e
 
 @pytest.mark.timeout(300)
 async def test_oldest_groups_turns_are_served_first_when_the_engine_is_full(tiny_model):
-    """``serve_order: oldest_group`` with one slot: turns that arrive while it is taken are served by
-    their group's admission, oldest first, not in their arrival order (vLLM's FCFS)."""
+    """``serve_order: oldest_group`` with one slot: turns that wait together are served by their group's
+    admission, oldest first, not in their arrival order (vLLM's FCFS)."""
     from rollart.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=1, max_model_len=256,
@@ -89,19 +89,19 @@ async def test_oldest_groups_turns_are_served_first_when_the_engine_is_full(tiny
     await engine.start()
     finished: list[str] = []
 
-    async def turn(name: str, admitted_at: float, max_tokens: int) -> None:
+    async def turn(name: str, admitted_at: float) -> None:
         await engine.generate(GenerationRequest(
             traj_id=name, turn=0, group_id=name, tag="x", pool="default", prompt_ids=Int32Array([1, 2, 3]),
-            reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=max_tokens),
+            reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=2),
             admitted_at=admitted_at, created_at=time.time()))
         finished.append(name)
 
     try:
-        holder = asyncio.create_task(turn("holder", 50.0, 48))  # takes the one slot
-        await asyncio.sleep(0.05)
-        arrivals = [asyncio.create_task(turn(name, admitted_at, 2))
-                    for name, admitted_at in (("newest", 300.0), ("middle", 200.0), ("oldest", 100.0))]
-        await asyncio.gather(holder, *arrivals)
-        assert finished == ["holder", "oldest", "middle", "newest"]
+        async with engine.paused():  # nothing is scheduled until all three wait in the engine's queue
+            arrivals = [asyncio.create_task(turn(name, admitted_at))
+                        for name, admitted_at in (("newest", 300.0), ("middle", 200.0), ("oldest", 100.0))]
+            await asyncio.sleep(0.5)
+        await asyncio.gather(*arrivals)
+        assert finished == ["oldest", "middle", "newest"]
     finally:
         engine.shutdown()

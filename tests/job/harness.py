@@ -25,11 +25,10 @@ def wait(predicate, timeout: float, what: str, proc: subprocess.Popen):
 
 
 def trained_steps(out):
-    try:
-        lines = (out / "checkpoints" / "record.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    return [r for r in map(json.loads, lines) if "event" not in r]
+    """The trained steps so far: the trainer's own reader, which stops at a line still being written."""
+    from rollart.training.checkpoint import CheckpointStore
+
+    return [r for r in CheckpointStore(out / "checkpoints").read_record() if "event" not in r]
 
 
 def small_job(endpoints, tiny_model, **overrides) -> dict:
