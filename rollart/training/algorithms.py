@@ -118,8 +118,7 @@ def old_logprobs(cfg: PolicyLossConfig, current: torch.Tensor, behaviour: torch.
     return proximal_logprobs(current, behaviour, staleness)
 
 
-def _dual_clip(per_token: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor,
-               c: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _dual_clip(per_token: torch.Tensor, adv: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Dual-clip PPO (Ye et al., 2020; verl's ``clip_ratio_c``): under a negative advantage the clipped
     objective is linear in the ratio with no bound, so a token the last step made far likelier (a rare
     exploratory token in a failed trajectory, ratio 7.6 in a demo run) gets a gradient many times a normal
@@ -147,7 +146,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         per_token = -torch.minimum(ratio * adv, clipped * adv)
         clipped_tokens = ((ratio * adv) > (clipped * adv)).to(logprobs.dtype)
         if cfg.dual_clip is not None:
-            per_token, dual = _dual_clip(per_token, ratio, adv, cfg.dual_clip)
+            per_token, dual = _dual_clip(per_token, adv, cfg.dual_clip)
             metrics["dual_clip_fraction"] = float(masked_mean(dual, mask))
         metrics["clip_fraction"] = float(masked_mean(clipped_tokens, mask))
         metrics["approx_kl_old"] = float(masked_mean(0.5 * log_ratio.detach() ** 2, mask))
