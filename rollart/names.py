@@ -98,6 +98,12 @@ class RedisKeys:
         """Ids of groups accepted and not yet trained or given back (a set)."""
         return self._key("admission:accepted-groups")
 
+    @property
+    def admission_changed(self) -> str:
+        """Pub/sub channel: the admission bound may have moved (a new version, a group ended or given
+        back, the counters rebuilt); a blocked feeder waits on it instead of polling."""
+        return self._key("admission:changed")
+
     # -- generation pools and weights ---------------------------------------------------------------
 
     @property

@@ -81,6 +81,7 @@ class ConsumerLoop:
         accept: dict[str, tuple[type, ...]] | None = None,
         ordering: Ordering = "key",
         fetch_max_wait_ms: int | None = None,
+        fetch_min_bytes: int = 1,
         max_in_flight: int | None = None,
         on_assign: PartitionsCallback | None = None,
         on_revoke: PartitionsCallback | None = None,
@@ -112,7 +113,8 @@ class ConsumerLoop:
         self.dlq = DeadLetterQueue(producer, stage=group, max_per_minute=config.bus.dlq_max_per_minute)
         self._consumer = group_consumer(
             config, endpoints, f"{config.job}.{group}", client_id=client_id or f"{config.kafka.client_id}-{group}",
-            fetch_max_wait_ms=config.bus.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms)
+            fetch_max_wait_ms=config.bus.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
+            fetch_min_bytes=fetch_min_bytes)
         self._build_steps(accept if accept is not None else accepted_kinds(config.topics, topics))
         self._tasks: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
         self._tails: dict[Any, asyncio.Task[None]] = {}

@@ -72,13 +72,14 @@ class KafkaGroupConsumer:
 
 
 def kafka_group_consumer(config: RollartConfig, endpoints: Endpoints, group_id: str, *, client_id: str,
-                         fetch_max_wait_ms: int) -> GroupConsumer:
+                         fetch_max_wait_ms: int, fetch_min_bytes: int = 1) -> GroupConsumer:
     return KafkaGroupConsumer(AIOKafkaConsumer(
         group_id=group_id,
         client_id=client_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=fetch_max_wait_ms,
+        fetch_min_bytes=fetch_min_bytes,
         session_timeout_ms=config.bus.session_timeout_ms,
         heartbeat_interval_ms=config.bus.heartbeat_interval_ms,
         max_partition_fetch_bytes=config.bus.max_value_bytes,
@@ -89,8 +90,11 @@ def kafka_group_consumer(config: RollartConfig, endpoints: Endpoints, group_id: 
 
 
 def group_consumer(config: RollartConfig, endpoints: Endpoints, group_id: str, *, client_id: str,
-                   fetch_max_wait_ms: int) -> GroupConsumer:
-    """A member of ``group_id`` on the endpoints' broker (a ``memory://`` bootstrap: the in-process one)."""
+                   fetch_max_wait_ms: int, fetch_min_bytes: int = 1) -> GroupConsumer:
+    """A member of ``group_id`` on the endpoints' broker (a ``memory://`` bootstrap: the in-process one).
+    ``fetch_min_bytes``: the broker holds a fetch until that much is there (or ``fetch_max_wait_ms``
+    passed), for a consumer that reads in bulk rather than at once."""
     if endpoints.broker == "memory":
         return InMemoryBroker.at(endpoints.kafka_bootstrap).consumer(group_id, client_id=client_id)
-    return kafka_group_consumer(config, endpoints, group_id, client_id=client_id, fetch_max_wait_ms=fetch_max_wait_ms)
+    return kafka_group_consumer(config, endpoints, group_id, client_id=client_id, fetch_max_wait_ms=fetch_max_wait_ms,
+                                fetch_min_bytes=fetch_min_bytes)

@@ -145,12 +145,14 @@ def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore
 
 async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: RunObserver, checkpoints: CheckpointStore,
                   restarts: Counter, opts: RunOptions) -> None:
-    async with observing(cfg, monitor, RUN_MONITOR, [TRAJECTORIES_COMPLETED], required=False) as rt:
+    async with observing(cfg, monitor, RUN_MONITOR, [TRAJECTORIES_COMPLETED], required=False, bulk=True) as rt:
         deadline = time.monotonic() + opts.timeout_s
         shown, streaming_since = 0, None
         scaler = Scaler(cfg, procs)
+        record = checkpoints.follow()
         while True:
-            rows = [r for r in checkpoints.read_record() if "event" not in r]
+            record.poll()
+            rows = [r for r in record.rows if "event" not in r]
             for row in rows[shown:]:
                 if opts.progress is not None:
                     opts.progress({**row, "target": opts.steps, **monitor.summary()})

@@ -87,13 +87,15 @@ class RunObserver:
 
 @contextlib.asynccontextmanager
 async def observing(config: RollartConfig, observer: RunObserver, group: str, topics: Sequence[str], *,
-                    required: bool) -> AsyncIterator[Runtime]:
+                    required: bool, bulk: bool = False) -> AsyncIterator[Runtime]:
     """``observer`` fed from ``topics`` as consumer group ``group`` while the block runs (its runtime
     is yielded: the runner's Redis). ``required``: the observation is the run's result (a rollout's
     trajectories), so a failure of its loop is raised on the way out; otherwise (a run's counts for
-    its report) it is logged and the run's own outcome stands."""
+    its report) it is logged and the run's own outcome stands. ``bulk``: ``bus.bulk_fetch.min_bytes``
+    at a time, or what came within the bus's long-poll (a run's counts need no haste)."""
     async with open_runtime(config, client_id=group, serve=False) as rt:
-        loop = rt.consumer_loop(group, list(topics), observer.handle, ordering="none", dedup=False)
+        fetch = {"fetch_min_bytes": config.bus.bulk_fetch.min_bytes} if bulk else {}
+        loop = rt.consumer_loop(group, list(topics), observer.handle, ordering="none", dedup=False, **fetch)
         runner = asyncio.create_task(loop.run())
         try:
             yield rt

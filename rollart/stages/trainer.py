@@ -364,7 +364,7 @@ def trainer_loop(rt: Runtime, stage: TrainerStage):
     # Every buffered sample is in flight until settled: max_in_flight is the buffer bound.
     loop = rt.consumer_loop("trainer", [REWARDS_RESULTS], stage.handle, ordering="none", dedup=False,
                             max_in_flight=stage.max_in_flight, drain_timeout_s=0.0,
-                            on_revoke=stage.forget_revoked)
+                            on_revoke=stage.forget_revoked, **rt.config.bus.bulk_fetch.consumer_kwargs())
     stage.consumer = loop
     return loop
 

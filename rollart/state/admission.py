@@ -15,16 +15,25 @@ and a group the env never accepted is never given back. The check and the increm
 script, so several feeders cannot
 over-admit together. Like every Redis value here this is a cache: the feeder rebuilds it from the
 log with :meth:`AdmissionCounters.rebuild` after Redis loses it.
+
+Whatever may move the bound (a group ending or given back, the counters rebuilt, a new policy version)
+is announced on the ``admission_changed`` channel: a blocked feeder waits there (:class:`AdmissionChanges`)
+instead of polling Redis every few milliseconds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from rollart.names import RedisKeys
+
+log = logging.getLogger(__name__)
 
 _TRY_ADMIT = """
 local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')
@@ -51,6 +60,7 @@ local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
 local n = math.min(tonumber(ARGV[1]), running)
 if n <= 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'running', -n)
+redis.call('PUBLISH', ARGV[5], 'finish')
 if ARGV[2] == '1' then
   redis.call('HINCRBY', KEYS[1], 'accepted', n)
   if ARGV[3] ~= '' then redis.call('SADD', KEYS[2], ARGV[3]) end
@@ -63,13 +73,14 @@ return n
 
 _GIVE_BACK = """
 local n = 0
-for _, group_id in ipairs(ARGV) do
-  n = n + redis.call('SREM', KEYS[2], group_id)
+for i = 2, #ARGV do
+  n = n + redis.call('SREM', KEYS[2], ARGV[i])
 end
 n = math.min(n, tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0'))
 if n > 0 then
   redis.call('HINCRBY', KEYS[1], 'accepted', -n)
   redis.call('HINCRBY', KEYS[1], 'dropped', n)
+  redis.call('PUBLISH', ARGV[1], 'give-back')
 end
 return n
 """
@@ -94,6 +105,7 @@ class AdmissionCounters:
         self.redis = redis
         keys = RedisKeys(prefix, job)
         self.key, self.accepted_groups_key = keys.admission, keys.admission_accepted_groups
+        self.changed_channel = keys.admission_changed
         self._try_admit = redis.register_script(_TRY_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._give_back = redis.register_script(_GIVE_BACK)
@@ -120,13 +132,15 @@ class AdmissionCounters:
         """A running group ended: into the trainer's buffer (accepted) or dropped. ``group_id`` (one
         group) lets the trainer give the place back if it cannot use the group after all."""
         return int(await self._finish(keys=[self.key, self.accepted_groups_key],
-                                      args=[groups, "1" if accepted else "0", group_id, repr(time.time())]))
+                                      args=[groups, "1" if accepted else "0", group_id, repr(time.time()),
+                                            self.changed_channel]))
 
     async def give_back(self, group_ids: list[str]) -> int:
         """The trainer dropped these groups: those the env stage accepted leave ``accepted``."""
         if not group_ids:
             return 0
-        return int(await self._give_back(keys=[self.key, self.accepted_groups_key], args=group_ids))
+        return int(await self._give_back(keys=[self.key, self.accepted_groups_key],
+                                         args=[self.changed_channel, *group_ids]))
 
     async def trained(self, group_ids: list[str]) -> None:
         """The trainer used these groups: they keep their place (forget the ids)."""
@@ -146,4 +160,54 @@ class AdmissionCounters:
             pipe.delete(self.key)
             pipe.hset(self.key, mapping={"accepted": accepted, "running": running, "admitted": accepted + running,
                                          "dropped": 0, "finished_at": repr(time.time())})
+            pipe.publish(self.changed_channel, "rebuild")
             await pipe.execute()
+
+    def changes(self) -> "AdmissionChanges":
+        return AdmissionChanges(self.redis, self.changed_channel)
+
+
+class AdmissionChanges:
+    """A subscription to the admission channel. ``wait`` returns when a change is announced, ``stop`` is
+    set, or ``timeout`` passes (the fallback: time-driven checks such as the starvation release, and
+    changes announced while Redis was away). Subscribed before the first check, so an announcement
+    between a check and the wait is buffered, not lost."""
+
+    def __init__(self, redis: Redis, channel: str):
+        self.channel = channel
+        self.pubsub = redis.pubsub(ignore_subscribe_messages=True)
+
+    async def __aenter__(self) -> "AdmissionChanges":
+        try:
+            await self.pubsub.subscribe(self.channel)
+        except RedisError as exc:  # Redis away: wait() falls back to its timeout until it is back
+            log.warning("admission: cannot subscribe to %s (%s); polling", self.channel, exc)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.pubsub.aclose()
+
+    async def wait(self, timeout: float, stop: asyncio.Event) -> bool:
+        """True when a change was announced (every buffered announcement is consumed)."""
+        message = asyncio.ensure_future(self._next(timeout))
+        stopping = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({message, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for task in (message, stopping):
+            task.cancel()
+        await asyncio.gather(message, stopping, return_exceptions=True)
+        if message not in done or message.cancelled() or message.exception() is not None:
+            return False
+        return bool(message.result())
+
+    async def _next(self, timeout: float) -> bool:
+        try:
+            if not self.pubsub.subscribed:
+                await self.pubsub.subscribe(self.channel)
+            got = await self.pubsub.get_message(timeout=timeout) is not None
+            while got and await self.pubsub.get_message(timeout=0.0) is not None:
+                pass  # several announcements at once: one check covers them all
+            return got
+        except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: redis-py's "not subscribed"
+            log.debug("admission: change channel unavailable (%s)", exc)
+            await asyncio.sleep(timeout)
+            return False

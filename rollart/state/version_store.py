@@ -127,4 +127,6 @@ class VersionWriter(VersionStore):
             await self.producer.send_and_wait(VERSIONS_TOPIC, announcement, key=self.config.job,
                                               policy_version=announcement.version)
             await self._set_max(keys=[self.key], args=[announcement.version])
+            # A new version moves the admission bound: a blocked feeder is waiting for this.
+            await self.redis.publish(RedisKeys.of(self.config).admission_changed, announcement.version)
             return announcement

@@ -13,6 +13,7 @@ from the same samples) is not counted twice.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,6 +80,9 @@ class CheckpointStore:
                 break  # a line cut by a crash: everything after it is unreliable
         return rows
 
+    def follow(self) -> "RecordFollower":
+        return RecordFollower(self.record_path)
+
     def truncate_record(self, step: int) -> None:
         """Keep the record's lines up to ``step`` (the checkpoint being resumed)."""
         rows = [r for r in self.read_record() if r.get("step", 0) <= step]
@@ -86,3 +90,38 @@ class CheckpointStore:
         tmp = self.record_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(self.record_path)
+
+
+class RecordFollower:
+    """The record's rows as they are appended, each line read once. A runner polls the record every
+    half second through a run; reading the whole file each time grows with the run (the rows hold each
+    step's trajectory ids: a 150-step record is ~0.5 MB of JSON). A line still being written is left for
+    the next poll; a record cut back and rewritten (a resume) is read again from its start."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: list[dict] = []
+        self._offset = 0
+        self._inode: int | None = None
+
+    def poll(self) -> list[dict]:
+        """The rows appended since the last poll (all rows again, after :attr:`rows` was reset)."""
+        try:
+            with open(self.path, "rb") as fh:
+                inode, size = os.fstat(fh.fileno()).st_ino, os.fstat(fh.fileno()).st_size
+                if inode != self._inode or size < self._offset:  # rewritten: start over
+                    self._inode, self._offset, self.rows = inode, 0, []
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        new = []
+        for line in complete.splitlines():
+            try:
+                new.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a crash, then appended to: not a row
+        self.rows.extend(new)
+        return new

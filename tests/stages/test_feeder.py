@@ -24,10 +24,12 @@ async def _released(rt) -> list:
 
 
 async def test_admission_bound_holds_the_feeder_until_the_version_moves(endpoints, tmp_path):
+    """The blocked feeder is woken by the announcements of what moves the bound (a version, a dropped
+    group), not by polling: its fallback poll is longer than every wait here."""
     dataset = tmp_path / "math.jsonl"
     dataset.write_text(json.dumps({"prompt": "What is 6 * 7?", "answer": "42"}) + "\n")
     config = make_config(endpoints, feeder={"alpha": 1, "groups_per_batch": 2, "group_size": 3, "redundancy": 1,
-                                            "poll_interval_s": 0.02},
+                                            "poll_interval_s": 120},
                          tags={"math": {"env": "math", "dataset": str(dataset)},
                                "frozenlake": {"env": "frozenlake", "weight": 2}})
     await apply_topics(config, endpoints, expand_catalog(config))
@@ -38,19 +40,23 @@ async def test_admission_bound_holds_the_feeder_until_the_version_moves(endpoint
         await asyncio.sleep(0.3)
         assert len(await _released(rt)) == 4, "the bound holds the feeder back"
 
-        counters = AdmissionCounters(rt.redis, prefix=config.redis.key_prefix, job=config.job)
-        await counters.finish(groups=2, accepted=True)
         writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer)
         await writer.acquire()
         await writer.bump(step=1)  # version 1: (1 + 1 + 1) * 2 = 6 slots
-        await eventually(lambda: _count(rt, 6), what="two more groups after the version bump")
+        await eventually(lambda: _count(rt, 6), timeout=20, what="two more groups after the version bump")
+        counters = AdmissionCounters(rt.redis, prefix=config.redis.key_prefix, job=config.job)
+        await counters.finish(groups=2, accepted=True)  # announced, but accepted groups keep their places
+        await asyncio.sleep(0.3)
+        assert len(await _released(rt)) == 6, "the bound holds again"
+        await counters.finish(groups=1, accepted=False)  # a dropped group gives its place back
+        await eventually(lambda: _count(rt, 7), timeout=20, what="one more group after a group was dropped")
         feeder.stop()
-        await run
+        await asyncio.wait_for(run, 10)  # a stop ends the wait at once, not after poll_interval_s
 
     tasks = await _released(rt)
-    assert [t.group_id for t in tasks] == [f"{config.job}-g{i}" for i in range(6)]
+    assert [t.group_id for t in tasks] == [f"{config.job}-g{i}" for i in range(7)]
     assert all(t.group_size == 3 and t.redundancy == 1 for t in tasks)
-    assert [t.admitted_version for t in tasks] == [0, 0, 0, 0, 1, 1]
+    assert [t.admitted_version for t in tasks] == [0, 0, 0, 0, 1, 1, 1]
     math = [t for t in tasks if t.tag == "math"]
     assert all(t.prompt == "What is 6 * 7?" and t.labels == {"answer": "42"} for t in math)
     assert {t.tag for t in tasks} <= {"math", "frozenlake"}

@@ -81,6 +81,16 @@ async def trainer(endpoints, tmp_path, tiny_model, request):
         await harness.close()
 
 
+@pytest.mark.trainer(bus={"bulk_fetch": {"min_bytes": 4096, "max_wait_ms": 80}})
+async def test_the_trainer_fetches_its_samples_in_bulk_as_configured(trainer, loops):
+    """Kafka's fetch.min.bytes / fetch.max.wait.ms of the trainer's consumer are ``bus.bulk_fetch``'s."""
+    await trainer.start(loops, steps=False)
+    client = trainer.stage.consumer._consumer.kafka
+    assert (client._fetch_min_bytes, client._fetch_max_wait_ms) == (4096, 80)
+    await trainer.produce([scored(1, m, reward=float(m)) for m in range(2)])
+    await eventually(lambda: len(trainer.stage.buffer.complete_groups()) == 1, what="the group arrives")
+
+
 async def test_trains_publishes_and_announces_each_version(trainer, loops, redis):
     job = trainer.config.job
     await trainer.start(loops)

@@ -28,6 +28,26 @@ def test_checkpoint_round_trip_and_record_truncation(tmp_path, tiny_model):
     assert [r["step"] for r in store.read_record()] == [1, 2, 3]
 
 
+def test_the_record_is_followed_a_complete_line_at_a_time_and_again_after_a_rewrite(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt")
+    follower = store.follow()
+    assert follower.poll() == [], "no record yet"
+    store.append_record({"step": 1})
+    store.append_record({"step": 2})
+    assert [r["step"] for r in follower.poll()] == [1, 2]
+    assert follower.poll() == [], "each line is read once"
+    with open(store.record_path, "a") as fh:  # the trainer mid-write
+        fh.write('{"step": 3, "traj_')
+    assert follower.poll() == [], "a line still being written waits"
+    with open(store.record_path, "a") as fh:
+        fh.write('ids": ["t3"]}\n')
+    assert follower.poll() == [{"step": 3, "traj_ids": ["t3"]}]
+    store.truncate_record(2)  # a resume rewrites the record
+    store.append_record({"step": 3, "again": True})
+    assert [r["step"] for r in follower.poll()] == [1, 2, 3]
+    assert [r["step"] for r in follower.rows] == [1, 2, 3] and follower.rows[-1]["again"]
+
+
 def test_per_step_samples_mask_one_turn_each():
     t = sample_trajectory(n_prompt=4, n_gen=4)
     from dataclasses import replace
