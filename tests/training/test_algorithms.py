@@ -127,3 +127,25 @@ def test_token_mean_versus_sequence_mean():
     mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
     assert math.isclose(float(masked_mean(values, mask, token_mean=True)), 7 / 5, rel_tol=1e-6)
     assert math.isclose(float(masked_mean(values, mask, token_mean=False)), (1 + 3) / 2)
+
+
+@pytest.mark.parametrize("token_mean", [True, False])
+def test_a_short_failure_moves_the_groups_shared_prefix_only_under_sequence_mean(token_mean):
+    """The late collapse's mechanism (README, "Late collapse"): a near-deterministic policy succeeds in 7
+    of 8 trajectories of 7 turns; the 8th takes a rare action at turn 3 and falls in a hole. The first two
+    actions are the same in all 8 (one shared logprob here). Under the group-mean advantage (Dr. GRPO) the
+    advantages sum to 0 over the group, so with every token weighed the same (token_mean) the shared
+    actions get no gradient. Averaging per trajectory first (sequence_mean) weighs the short failure's
+    tokens 7/3 as much as a success's: the step pushes the shared, correct actions down."""
+    shared = torch.tensor(-0.01, requires_grad=True)  # log p of the shared first two actions
+    lengths = [7] * 7 + [3]
+    logprobs = torch.stack([torch.cat([shared.expand(2), torch.full((6,), -0.01)]) for _ in lengths])
+    mask = torch.tensor([[1.0] * n + [0.0] * (8 - n) for n in lengths])
+    rewards = torch.tensor([1.0] * 7 + [0.0])
+    advantages = group_advantages(rewards, ["g"] * 8, "group_mean")
+    cfg = PolicyLossConfig(algorithm="grpo", token_mean=token_mean, dual_clip=None)
+    loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, cfg)
+    loss.backward()
+    # gradient descent moves `shared` by -grad: a positive gradient lowers the shared actions' probability
+    expected = 0.0 if token_mean else (0.875 / 3 - 7 * 0.125 / 7) * 2 / 8  # two shared tokens, mean of 8 rows
+    assert float(shared.grad) == pytest.approx(expected, abs=1e-6)
