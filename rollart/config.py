@@ -69,9 +69,9 @@ class BulkFetch(Section):
     """Kafka's fetch.min.bytes and fetch.max.wait.ms for the trainer's scored samples (a run's monitor
     takes ``min_bytes`` with the bus's long-poll): the broker answers once ``min_bytes`` are there or
     ``max_wait_ms`` passed, not record by record. A fetch per record woke the trainer's event loop ~60
-    times a step beside its training thread; ``max_wait_ms`` is the most a record waits for company, and
-    how often an idle consumer asks (the reward bridge's consumer with it: no gain, as the broker
-    answered its idle polls 20 times a second). ``min_bytes: 1``: record by record."""
+    times a step beside its training thread. ``max_wait_ms`` is the most a record waits for company, and
+    how often an idle consumer asks (why the reward bridge does not use it). ``min_bytes: 1``: record by
+    record."""
 
     min_bytes: int = Field(default=64 * 1024, ge=1)
     max_wait_ms: int = Field(default=50, ge=0, le=10_000)

@@ -176,7 +176,6 @@ class Feeder:
                     "releasing one batch past it", now - float(since))
         return True
 
-
     async def _previous_batch_ended(self) -> bool:
         """No group is running (batch release: the next batch waits for the last one's stragglers)."""
         return (await self.admission.snapshot()).running <= 0

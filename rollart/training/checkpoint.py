@@ -108,9 +108,9 @@ class RecordFollower:
         """The rows appended since the last poll (all rows again, after :attr:`rows` was reset)."""
         try:
             with open(self.path, "rb") as fh:
-                inode, size = os.fstat(fh.fileno()).st_ino, os.fstat(fh.fileno()).st_size
-                if inode != self._inode or size < self._offset:  # rewritten: start over
-                    self._inode, self._offset, self.rows = inode, 0, []
+                stat = os.fstat(fh.fileno())
+                if stat.st_ino != self._inode or stat.st_size < self._offset:  # rewritten: start over
+                    self._inode, self._offset, self.rows = stat.st_ino, 0, []
                 fh.seek(self._offset)
                 data = fh.read()
         except OSError:
