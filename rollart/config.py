@@ -188,6 +188,11 @@ class TrainerConfig(Section):
     importance_cap: float = Field(default=5.0, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)  # KL to the initial (reference) policy
     entropy_coef: float = Field(default=0.0, ge=0)
+    # Rows whose advantage is 0 (every member of a uniform group) add nothing to the policy gradient
+    # when the loss has no KL or entropy term: the trainer then skips their forward and backward and
+    # keeps them in the loss's normaliser, so the step is the same. Step metrics but the loss are then
+    # over the trained rows (metrics.trained_fraction of the batch's tokens or sequences).
+    skip_zero_advantage: bool = True
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal before forming a batch
     # Partial groups: a group that cannot fill (its replacements ran out, a reward dead-lettered) trains
     # with the members it has when at least this many were scored (advantages over those present), or

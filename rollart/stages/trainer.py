@@ -63,7 +63,7 @@ def loss_config(config: RollartConfig) -> PolicyLossConfig:
     return PolicyLossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, dual_clip=t.dual_clip,
                             decoupled=t.decoupled, proximal=t.proximal, importance_cap=t.importance_cap,
                             kl_coef=t.kl_coef, entropy_coef=t.entropy_coef,
-                            token_mean=t.loss_aggregation == "token_mean")
+                            token_mean=t.loss_aggregation == "token_mean", skip_zero_advantage=t.skip_zero_advantage)
 
 
 def trainer_alpha(config: RollartConfig) -> int:

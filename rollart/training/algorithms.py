@@ -35,6 +35,14 @@ class PolicyLossConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     token_mean: bool = True  # mean over all generated tokens of the batch (else per sequence, then batch)
+    skip_zero_advantage: bool = True  # skip rows that carry no gradient (skips_zero_advantage_rows)
+
+    @property
+    def skips_zero_advantage_rows(self) -> bool:
+        """Whether a row with advantage 0 may be left out of the forward and backward: every term of the
+        policy loss is then 0 for all its tokens (the clipped objective, its dual clip and importance
+        weight all scale the advantage), unless a KL or entropy term adds one of its own."""
+        return self.skip_zero_advantage and not self.kl_coef and not self.entropy_coef
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: list[str], norm: AdvantageNorm = "group",
@@ -45,16 +53,23 @@ def group_advantages(rewards: torch.Tensor, group_ids: list[str], norm: Advantag
     if norm == "none":
         return rewards.clone()
     if norm == "batch":
-        return (rewards - rewards.mean()) / (rewards.std(unbiased=False) + eps)
+        return _centred(rewards, scale=True, eps=eps)
     out = torch.empty_like(rewards)
     index: dict[str, list[int]] = {}
     for i, gid in enumerate(group_ids):
         index.setdefault(gid, []).append(i)
     for members in index.values():
-        r = rewards[members]
-        centred = r - r.mean()
-        out[members] = centred / (r.std(unbiased=False) + eps) if norm == "group" else centred
+        out[members] = _centred(rewards[members], scale=norm == "group", eps=eps)
     return out
+
+
+def _centred(r: torch.Tensor, *, scale: bool, eps: float) -> torch.Tensor:
+    """``r`` minus its mean (over its std + eps when ``scale``). Equal rewards give exactly 0: their float
+    mean can be an ulp off (8 x 0.1), and over eps alone that rounding became an advantage of ~1e-3."""
+    if bool((r == r[0]).all()):
+        return torch.zeros_like(r)
+    centred = r - r.mean()
+    return centred / (r.std(unbiased=False) + eps) if scale else centred
 
 
 def informative_groups(rewards: list[float], group_ids: list[str]) -> set[str]:
@@ -66,6 +81,8 @@ def informative_groups(rewards: list[float], group_ids: list[str]) -> set[str]:
 
 
 MAX_METRICS = frozenset({"ratio_max"})  # a batch's is the largest of its parts', not their weighted sum
+# Of the whole batch, whichever rows were trained: the loss (a skipped row's is 0) and the trained share
+BATCH_METRICS = frozenset({"loss", "trained_fraction"})
 
 
 def combine_metrics(into: dict[str, float], part: dict[str, float], weight: float = 1.0) -> dict[str, float]:
@@ -76,6 +93,14 @@ def combine_metrics(into: dict[str, float], part: dict[str, float], weight: floa
         else:
             into[key] = into.get(key, 0.0) + value * weight
     return into
+
+
+def over_trained_rows(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's combined metrics (weighted by each part's share of the whole batch) as means over the
+    rows it trained (``trained_fraction`` of the batch): zero-advantage rows skipped add no weight."""
+    trained = metrics.get("trained_fraction", 1.0)
+    return {k: v if k in BATCH_METRICS or k in MAX_METRICS or not trained else v / trained
+            for k, v in metrics.items()}
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, token_mean: bool = True) -> torch.Tensor:

@@ -38,7 +38,7 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
-from rollart.training.algorithms import combine_metrics
+from rollart.training.algorithms import combine_metrics, over_trained_rows
 from rollart.training.ranks import Rendezvous
 from rollart.training.torch_backend import Batch
 
@@ -105,7 +105,7 @@ def shard_step(backend, batch: Batch, rank: int, world_size: int) -> dict[str, f
     backend.optimizer.zero_grad(set_to_none=True)
     metrics = backend.accumulate(batch, shard(batch.input_ids.shape[0], rank, world_size))
     _sum_gradients(backend.model)
-    metrics = _sum_metrics(metrics, world_size)
+    metrics = over_trained_rows(_sum_metrics(metrics, world_size))
     metrics["grad_norm"] = backend.apply_gradients()
     return metrics
 

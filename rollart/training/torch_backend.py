@@ -9,6 +9,7 @@ token-mean over the whole batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from rollart.training.algorithms import (
     combine_metrics,
     group_advantages,
     old_logprobs,
+    over_trained_rows,
     policy_loss,
 )
 
@@ -35,7 +37,7 @@ class Batch:
     rewards: torch.Tensor  # [B]
     group_ids: list[str]
 
-    def micro_batches(self, rows: range, size: int) -> list["Batch"]:
+    def micro_batches(self, rows: Sequence[int], size: int) -> list["Batch"]:
         """``rows`` in micro-batches of up to ``size``, shortest rows first, each cut to its own longest
         row: collate pads every row to the batch's longest, and a micro-batch of short rows would
         otherwise compute over that padding (in the demo's batches, 15-25% of the padded tokens).
@@ -155,27 +157,39 @@ class AccumulatingBackend:
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimiser step over the batch (micro-batched); returns averaged metrics."""
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = self.accumulate(batch, range(batch.input_ids.shape[0]))
+        metrics = over_trained_rows(self.accumulate(batch, range(batch.input_ids.shape[0])))
         metrics["grad_norm"] = self.apply_gradients()
         return metrics
 
-    def accumulate(self, batch: Batch, rows: range) -> dict[str, float]:
+    def accumulate(self, batch: Batch, rows: Sequence[int]) -> dict[str, float]:
         """Forward and backward over ``rows`` of the batch, micro-batched, adding to the gradients.
         Each micro-batch's loss is a mean over its own tokens (or sequences): it is weighed by its
         share of the *whole* batch's, so the gradients of disjoint ``rows`` (data-parallel ranks)
-        sum to the whole batch's gradient, and so do the returned metrics."""
+        sum to the whole batch's gradient, and so do the returned metrics (weighted sums: see
+        :func:`~rollart.training.algorithms.over_trained_rows`). Rows that carry no gradient are skipped."""
         total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
-        metrics: dict[str, float] = {}
-        for micro in batch.micro_batches(rows, self.micro_batch):
+        metrics: dict[str, float] = {"loss": 0.0, "trained_fraction": 0.0}
+        for micro in batch.micro_batches(self._rows_with_gradient(batch, rows), self.micro_batch):
             loss, m, mask = self._micro_loss(micro)
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
                      else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()
-            combine_metrics(metrics, m, share)
+            combine_metrics(metrics, {**m, "trained_fraction": 1.0}, share)
         return metrics
+
+    def _rows_with_gradient(self, batch: Batch, rows: Sequence[int]) -> list[int]:
+        """``rows`` less those with advantage 0 where the loss gives them no gradient (their tokens still
+        count in the normaliser through ``total_tokens`` and the batch's row count)."""
+        if not self.loss_cfg.skips_zero_advantage_rows:
+            return list(rows)
+        advantages = batch.advantages.tolist()
+        return [i for i in rows if advantages[i] != 0.0]
 
     def apply_gradients(self) -> float:
         """Clip the accumulated gradients and take the optimiser step; returns the gradient norm."""
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:  # no row trained: Adam steps on zeros, as it did before
+                p.grad = torch.zeros_like(p)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         self.optimizer.step()
         self.step += 1

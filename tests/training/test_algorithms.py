@@ -31,6 +31,15 @@ def test_group_advantages_normalise_within_each_group():
     assert informative_groups(rewards.tolist(), groups) == {"a"}
 
 
+def test_a_group_of_equal_rewards_has_advantage_exactly_zero_under_every_norm():
+    """Eight rewards of 0.1: their float mean is an ulp off 0.1, so centring alone leaves ~1e-9, and
+    over the std (0) + eps that was an advantage of ~1e-3 on every member."""
+    rewards = torch.full((8,), 0.1)
+    assert float((rewards - rewards.mean()).abs().max()) > 0, "the float rounding this guards against"
+    for norm in ("group", "group_mean", "batch"):
+        assert group_advantages(rewards, ["g"] * 8, norm).abs().max() == 0.0, norm
+
+
 def test_clipped_objective_by_hand():
     cfg = PolicyLossConfig(algorithm="grpo", clip_low=0.2, clip_high=0.2)
     old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))

@@ -3,6 +3,9 @@ checkpoints round-trip."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import torch
 
 from rollart.messages import CompletedTrajectory, Float32Array, Int32Array, ScoredTrajectory, UInt8Array
@@ -120,3 +123,77 @@ def test_logprobs_only_where_trained_equal_the_full_ones_there_and_so_do_their_g
     assert torch.allclose(full_entropy[mask], part_entropy[mask], atol=1e-5)
     assert not part[~mask].any() and not part_entropy[~mask].any()
     assert torch.allclose(full_grad, part_grad, atol=1e-5, rtol=1e-4), float((full_grad - part_grad).abs().max())
+
+
+def _uneven_groups(rows: int = 12):
+    """Three groups of four: one informative, one of equal rewards of 0.1, one all 0 (the first ``rows``)."""
+    from rollart.bench.trainer_step import shaped_batch
+    import random
+
+    lengths = [30, 12, 41, 25, 33, 18, 27, 22, 15, 36, 20, 29]
+    samples = shaped_batch(lengths, [n // 3 for n in lengths], 4, 400, random.Random(2))
+    rewards = [1.0, 0.0, 0.0, 1.0] + [0.1] * 4 + [0.0] * 4
+    return collate([replace(s, reward=r) for s, r in zip(samples, rewards)][:rows], pad_id=0, norm="group")
+
+
+class _CountingBackend(TorchBackend):
+    """The PyTorch backend, counting the rows its forward passes take."""
+
+    rows_seen = 0
+
+    def _micro_loss(self, micro):
+        self.rows_seen += micro.input_ids.shape[0]
+        return super()._micro_loss(micro)
+
+
+@pytest.mark.parametrize("token_mean", [True, False])
+def test_rows_of_advantage_zero_are_not_trained_and_the_step_is_the_same(tiny_model, token_mean):
+    """Skipping the zero-advantage rows leaves the gradient, the loss and the optimiser step as they
+    were; only the informative group's rows go through the model, and the metrics are theirs."""
+    batch = _uneven_groups()
+    assert batch.advantages[4:].abs().max() == 0.0
+    steps = {}
+    for skip in (False, True):
+        backend = _CountingBackend(tiny_model, lr=1e-3, micro_batch=3, device="cpu", loss=PolicyLossConfig(
+            algorithm="grpo", token_mean=token_mean, skip_zero_advantage=skip))
+        gradient, raw = _gradient(backend, batch, 3)
+        seen_rows = backend.rows_seen
+        metrics = backend.train_step(batch)
+        steps[skip] = (gradient, raw, metrics, seen_rows, torch.cat([p.reshape(-1) for p in backend.model.parameters()]))
+    (grad, raw, metrics, rows, params), (skip_grad, skip_raw, skip_metrics, skip_rows, skip_params) = steps[False], steps[True]
+    assert (rows, skip_rows) == (12, 4), "only the informative group's four rows were trained"
+    assert torch.allclose(grad, skip_grad, atol=1e-7, rtol=1e-5), float((grad - skip_grad).abs().max())
+    # the same step up to float summation order (Adam's first step is ~lr = 1e-3 on every weight)
+    assert torch.allclose(params, skip_params, atol=1e-6), float((params - skip_params).abs().max())
+    assert skip_raw["loss"] == pytest.approx(raw["loss"], abs=1e-7)
+    informative = batch.loss_mask[:4].sum() / batch.loss_mask.sum() if token_mean else 4 / 12
+    assert (metrics["trained_fraction"], skip_metrics["trained_fraction"]) == (1.0, pytest.approx(float(informative)))
+    alone = TorchBackend(tiny_model, lr=1e-3, micro_batch=3, device="cpu",
+                         loss=PolicyLossConfig(algorithm="grpo", token_mean=token_mean))
+    informative_only = alone.train_step(_uneven_groups(rows=4))
+    for key in ("entropy", "ratio_mean", "approx_kl_old", "clip_fraction"):  # means over the trained rows
+        assert skip_metrics[key] == pytest.approx(informative_only[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_batch_without_any_advantage_still_takes_its_optimiser_step(tiny_model):
+    """No row is trained, yet Adam steps on zero gradients as it did when every row was computed: its
+    momentum moves the weights the same way."""
+    batch = _uneven_groups()
+    batch.advantages[:4] = 0.0
+    params = []
+    for skip in (False, True):
+        backend = TorchBackend(tiny_model, lr=1e-2, micro_batch=4, device="cpu",
+                               loss=PolicyLossConfig(algorithm="grpo", skip_zero_advantage=skip))
+        backend.train_step(_uneven_groups())  # momentum to carry
+        metrics = backend.train_step(batch)
+        assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+        params.append(torch.cat([p.reshape(-1) for p in backend.model.parameters()]))
+    assert torch.allclose(params[0], params[1], atol=1e-4), float((params[0] - params[1]).abs().max())  # lr 1e-2
+    assert metrics["trained_fraction"] == 0.0
+
+
+def test_a_kl_or_entropy_term_trains_every_row(tiny_model):
+    """Those terms give a zero-advantage row a gradient of its own: nothing is skipped."""
+    for loss in (PolicyLossConfig(kl_coef=0.1), PolicyLossConfig(entropy_coef=0.01)):
+        backend = TorchBackend(tiny_model, micro_batch=4, device="cpu", loss=loss)
+        assert backend.train_step(_uneven_groups())["trained_fraction"] == pytest.approx(1.0)
