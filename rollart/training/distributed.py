@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from rollart.training.algorithms import combine_metrics, over_trained_rows
 from rollart.training.ranks import Rendezvous
-from rollart.training.torch_backend import Batch
+from rollart.training.torch_backend import Batch, zero_missing_gradients
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,7 @@ def shard(rows: int, rank: int, world_size: int) -> range:
 
 def _sum_gradients(model: torch.nn.Module) -> None:
     """All-reduce (sum) every parameter's gradient in one flat buffer (a rank with no rows adds zeros)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    params = zero_missing_gradients(model)
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     dist.all_reduce(flat)
     offset = 0

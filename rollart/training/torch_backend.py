@@ -147,6 +147,16 @@ def _plain_head(model) -> bool:
             and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) is None)
 
 
+def zero_missing_gradients(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Give every trainable parameter without a gradient (no row reached it) a zero one; returns the
+    trainable parameters. Adam then steps them on zeros, and an all-reduce has a buffer for each."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return params
+
+
 class AccumulatingBackend:
     """One optimiser step per batch over micro-batches; a backend supplies ``_micro_loss`` and holds
     ``model``, ``optimizer``, ``micro_batch``, ``loss_cfg``, ``grad_clip`` and ``step``."""
@@ -187,9 +197,7 @@ class AccumulatingBackend:
 
     def apply_gradients(self) -> float:
         """Clip the accumulated gradients and take the optimiser step; returns the gradient norm."""
-        for p in self.model.parameters():
-            if p.requires_grad and p.grad is None:  # no row trained: Adam steps on zeros, as it did before
-                p.grad = torch.zeros_like(p)
+        zero_missing_gradients(self.model)  # no row trained: Adam steps on zeros, as it did before
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         self.optimizer.step()
         self.step += 1
