@@ -162,7 +162,7 @@ class StageProcesses:
         from rollart.local.stack import free_port
 
         if name not in self.metrics_ports:
-            self.metrics_ports[name] = (stage, free_port())
+            self.metrics_ports[name] = (stage, free_port(taken={port for _, port in self.metrics_ports.values()}))
             targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"instance": n, "stage": s}}
                        for n, (s, port) in self.metrics_ports.items()]
             self.metrics_targets.parent.mkdir(parents=True, exist_ok=True)

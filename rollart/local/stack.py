@@ -21,7 +21,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
                                    kafka_libs, kafka_version, tansu_binary, tansu_version)
@@ -33,10 +33,25 @@ STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a camp
 STACK_ENV = "ROLLART_STACK"  # in each service's environment: its stack's log folder
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(taken: Collection[int] = ()) -> int:
+    """A free loopback port, none of ``taken`` (ports handed out earlier that may not be bound yet)."""
+    while (port := free_ports(1)[0]) in taken:
+        pass
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports. Each socket stays bound until all are: the kernel may
+    hand a just-released port out again, and two services given one port fail in ways that look
+    like a hang (a Mooncake master whose RPC and HTTP servers shared a port)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -163,7 +178,7 @@ def start_kafka(home: Path, log_dir: Path, tls: BrokerTls | None = None,
     ``tls``: clients connect over TLS only, and with ``sasl`` authenticate under ACLs;
     ``ready(bootstrap)`` then says when it serves. ``detached``: it outlives this process."""
     node = KafkaNode(home)
-    node.configure(free_port(), free_port(), tls, sasl)
+    node.configure(*free_ports(2), tls, sasl)
     node.format(sasl)
     return _run_kafka(node, log_dir, ready, detached)
 
@@ -246,7 +261,7 @@ def start_mooncake(log_dir: Path, segment: str = "512 MB",
     if binaries is None:
         raise RuntimeError("mooncake-transfer-engine is not installed (pip install rollart[weights])")
     master_bin, store_bin = binaries
-    rpc, http, metrics, store_port = free_port(), free_port(), free_port(), free_port()
+    rpc, http, metrics, store_port = free_ports(4)
     master_log = log_dir / "mooncake-master.log"
     master = _spawn([master_bin, f"-rpc_port={rpc}", "-rpc_address=127.0.0.1", "-enable_http_metadata_server=true",
                      "-http_metadata_server_host=127.0.0.1", f"-http_metadata_server_port={http}",
@@ -258,9 +273,15 @@ def start_mooncake(log_dir: Path, segment: str = "512 MB",
     store = _spawn([store_bin, f"-master_server_address={address}", f"-metadata_server={metadata}",
                     f"-global_segment_size={segment}", "-local_buffer_size=16 MB", "-host=127.0.0.1",
                     f"-port={store_port}", "-protocol=tcp"], store_log, detached)
+    def store_listens() -> bool:  # a store whose master died retries for minutes: say so at once
+        if master.poll() is not None:
+            raise RuntimeError(f"Mooncake master exited with {master.returncode} at start-up; see {master_log}")
+        return port_open("127.0.0.1", store_port)
+
     try:
-        _wait_for_port(store_port, store, "Mooncake store", store_log)
+        _wait_until(store_listens, store, "Mooncake store", store_log, 15.0, f"listen on 127.0.0.1:{store_port}")
     except Exception:
+        stop_pid(store.pid)
         stop_pid(master.pid)
         raise
     return [master, store], address, metadata

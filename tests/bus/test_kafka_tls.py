@@ -25,7 +25,7 @@ from rollart.config import KafkaConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.lag import consumer_lag
 from rollart.local.brokers import BrokerTls, tansu_binary
-from rollart.local.stack import _spawn, _wait_for_port, free_port, serves_metadata, start_kafka, stop_pid
+from rollart.local.stack import _spawn, _wait_for_port, free_ports, serves_metadata, start_kafka, stop_pid
 from rollart.messages import TaskSpec
 from rollart.runtime import open_runtime
 from rollart.topics import expand_catalog
@@ -105,7 +105,7 @@ def _kafka_over_tls(folder, tls_files):
 
 def _tansu_behind_tls(folder, tls_files):
     log = folder / "broker.log"
-    plain, tls = free_port(), free_port()
+    plain, tls = free_ports(2)
     proc = _spawn([tansu_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{plain}",
                    "--advertised-listener-url", f"tcp://127.0.0.1:{tls}", "--storage-engine", "memory://tansu/"], log)
     try:
