@@ -289,10 +289,17 @@ REWARD_TYPES = ("env", "rule", "http", "judge", "python")
 DEFAULT_REWARD_CONCURRENCY = 16  # what a reward type without a ``concurrency`` counts towards the stage's in-flight
 
 
+ScoredBy = Literal["env", "reward"]
+
+
 class _Reward(Section):
-    """What every reward type has: its ``type``, the discriminator (see :data:`RewardSpec`)."""
+    """What every reward type has: its ``type``, the discriminator (see :data:`RewardSpec`), and
+    ``scored_by``: the env member that completed the trajectory scores it and produces the score to
+    ``rewards.results`` itself (``env``: no hop over the bus for a reward that costs microseconds), or
+    the reward stage does (``reward``: a reward that is slow, remote or needs its own scaling)."""
 
     type: str
+    scored_by: ScoredBy = "env"
 
     @model_validator(mode="after")
     def _type_is_always_set(self) -> "_Reward":
@@ -332,6 +339,7 @@ class HttpReward(_ScoredReward):
     """A serverless function scoring over HTTP (rollart.rewards.http)."""
 
     type: Literal["http"] = "http"
+    scored_by: Literal["reward"] = "reward"  # remote, retried and rate-bound: the reward stage scales it
     url: str | None = None
     token_env: str | None = None  # name of the env var holding the bearer token
     timeout_s: float = Field(default=10.0, gt=0)
@@ -352,6 +360,7 @@ class JudgeReward(_ScoredReward):
     """An LLM judge served by a generation pool, asked over the bus (rollart.stages.reward)."""
 
     type: Literal["judge"] = "judge"
+    scored_by: Literal["reward"] = "reward"  # a generation pool asked over the bus
     pool: str | None = None  # the generation pool that serves the judge model
     timeout_s: float = Field(default=10.0, gt=0)
     concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)
@@ -363,6 +372,7 @@ class PythonReward(_ScoredReward):
     """A Python function by import path (rollart.rewards.python)."""
 
     type: Literal["python"] = "python"
+    scored_by: ScoredBy = "reward"  # user code of unknown cost: not on the env member's loop unless asked
     function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # module:fn
     timeout_s: float = Field(default=10.0, gt=0)
     concurrency: int = Field(default=DEFAULT_REWARD_CONCURRENCY, ge=1)

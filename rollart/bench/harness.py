@@ -120,12 +120,16 @@ class RolloutHarness:
     async def _observe(self, envelope, ctx) -> None:
         message = envelope.message
         if isinstance(message, CompletedTrajectory):
-            self.completed.setdefault(message.traj_id, message)
-            self.completed_at.setdefault(message.traj_id, time.monotonic())
+            self._completed(message)
         elif isinstance(message, Abort):
             self.aborted.setdefault(message.traj_id, message)
         elif isinstance(message, ScoredTrajectory):
+            self._completed(message.trajectory)  # scored by its env member: on no other topic
             self.scored.setdefault(message.trajectory.traj_id, message)
+
+    def _completed(self, trajectory: CompletedTrajectory) -> None:
+        self.completed.setdefault(trajectory.traj_id, trajectory)
+        self.completed_at.setdefault(trajectory.traj_id, time.monotonic())
 
     async def submit(self, group_id: str, tag: str, *, group_size: int = 2, redundancy: int = 0, seed: int = 0,
                      prompt: str = "", labels: dict | None = None) -> TaskSpec:

@@ -101,7 +101,9 @@ async def audit_run(config: RollartConfig, endpoints: Endpoints, record: list[di
     results = await _messages(config, endpoints, REWARDS_RESULTS)
     for topic, messages in ((TASKS, tasks), (TRAJECTORIES_COMPLETED, completions), (REWARDS_RESULTS, results)):
         audit.duplicates_produced[topic], audit.duplicate_examples[topic] = _extra_copies(messages)
-    _audit_trajectories(audit, tasks, completions, _committed(lag, "env", TASKS))
+    # a trajectory its env member scored (scored_by: env) ended on rewards.results, not on trajectories.completed
+    ended = completions + [(r, m.trajectory) for r, m in results if isinstance(m, ScoredTrajectory)]
+    _audit_trajectories(audit, tasks, ended, _committed(lag, "env", TASKS))
     scored = {m.trajectory.traj_id for _, m in results if isinstance(m, ScoredTrajectory)}
     dead = await _dlq_sources(config, endpoints)
     completed = [(r, m) for r, m in completions if isinstance(m, CompletedTrajectory)]

@@ -44,7 +44,7 @@ from rollart.stages.trainer import trainer_alpha
 from rollart.topics.admin import apply_topics
 from rollart.training.checkpoint import CheckpointStore
 from rollart.weights.follower import loads_key
-from rollart.names import TRAJECTORIES_COMPLETED
+from rollart.names import REWARDS_RESULTS, TRAJECTORIES_COMPLETED
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,8 @@ def _write_interrupted_report(job: str, alpha: int, checkpoints: CheckpointStore
 
 async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: RunObserver, checkpoints: CheckpointStore,
                   restarts: Counter, opts: RunOptions) -> None:
-    async with observing(cfg, monitor, RUN_MONITOR, [TRAJECTORIES_COMPLETED], required=False, bulk=True) as rt:
+    async with observing(cfg, monitor, RUN_MONITOR, [TRAJECTORIES_COMPLETED, REWARDS_RESULTS], required=False,
+                         bulk=True) as rt:
         deadline = time.monotonic() + opts.timeout_s
         shown, streaming_since = 0, None
         scaler = Scaler(cfg, procs)

@@ -46,10 +46,9 @@ class RunObserver:
     async def handle(self, envelope: Envelope, ctx) -> None:
         message = envelope.message
         if isinstance(message, CompletedTrajectory):
-            if message.traj_id not in self.completed:
-                self.completed.add(message.traj_id)
-                self.tokens += sum(message.loss_mask)
+            self._completed(message)
         elif isinstance(message, ScoredTrajectory):
+            self._completed(message.trajectory)  # one scored by its env member was on no other topic
             if message.trajectory.traj_id not in self.scored:
                 self.scored[message.trajectory.traj_id] = message
                 self.per_tag[message.trajectory.tag] += 1
@@ -58,6 +57,11 @@ class RunObserver:
         elif isinstance(message, Abort) and message.traj_id not in self.aborted_ids:
             self.aborted_ids.add(message.traj_id)
             self.aborted[message.reason] += 1
+
+    def _completed(self, trajectory: CompletedTrajectory) -> None:
+        if trajectory.traj_id not in self.completed:
+            self.completed.add(trajectory.traj_id)
+            self.tokens += sum(trajectory.loss_mask)
 
     def summary(self) -> dict:
         """What the env stage reported (the run's report and progress lines)."""

@@ -1,27 +1,46 @@
 """Scoring a completed trajectory where it is: the env's own reward, a local rule, a Python function or
 an HTTP function.
 
-The reward bridge scores with this (and asks an LLM judge over the bus itself); the in-process loop
-of ``rollart bench time-to-quality`` scores with it directly, so both compute the same rewards.
+The env member scores the tags whose reward is ``scored_by: env`` as each trajectory completes; the
+reward bridge scores the rest (and asks an LLM judge over the bus itself); the in-process loop of
+``rollart bench time-to-quality`` scores with it directly: all three compute the same rewards.
 """
 
 from __future__ import annotations
 
 import time
 
+from prometheus_client import Counter, Histogram
+
 from rollart.config import EnvReward, HttpReward, PythonReward as PythonRewardSpec, RewardSpec, RollartConfig, \
     RuleReward
 from rollart.messages import CompletedTrajectory, ScoredTrajectory
+from rollart.names import EVAL_RESULTS, REWARDS_RESULTS
 from rollart.rewards.http import HttpRewardClient
 from rollart.rewards.python import PythonReward, RewardInput
 from rollart.rewards.rules import RULES, last_turn_tokens
 
 DEFAULT_SPEC = EnvReward()
+# Served by whichever process scores (a reward member, or an env member for ``scored_by: env``).
+LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
+                    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
+SCORED = Counter("rollart_reward_scored_total", "Trajectories scored", ("job", "tag"))
 
 
 def reward_spec(config: RollartConfig, tag: str) -> RewardSpec:
     spec = config.tags.get(tag)
     return spec.reward if spec is not None else DEFAULT_SPEC
+
+
+def results_topic(eval_version: int | None) -> str:
+    """Scores of eval trajectories go to the eval stage, never to the trainer."""
+    return REWARDS_RESULTS if eval_version is None else EVAL_RESULTS
+
+
+def count_scored(job: str, trajectory: CompletedTrajectory, spec: RewardSpec, started: float) -> None:
+    """The scoring metrics of one trajectory scored since ``started`` (``time.perf_counter``)."""
+    LATENCY.labels(job, trajectory.tag, spec.type).observe(time.perf_counter() - started)
+    SCORED.labels(job, trajectory.tag).inc()
 
 
 def scored_trajectory(trajectory: CompletedTrajectory, reward: float, components: dict[str, float],

@@ -12,8 +12,12 @@ Two consumer loops per member:
 * ``env-actions`` consumes ``env.actions``: generation results, produced by the generation stage to
   the partition the requesting member owns (see :mod:`rollart.rollout.replies`).
 
-Every trajectory ends on ``trajectories.completed`` as a CompletedTrajectory or an Abort with a
-reason (reset failed, step timeout, generation timeout, redundant, stale, ...), counted in metrics.
+Every trajectory ends on the log: an Abort with a reason (reset failed, step timeout, generation
+timeout, redundant, stale, ...) on ``trajectories.completed``, counted in metrics; a completed one
+there too when the reward stage scores its tag, or, when its reward is ``scored_by: env`` (the
+default for ``env`` and ``rule`` rewards), scored by this member and produced as a ScoredTrajectory
+straight to ``rewards.results`` (``eval.results`` for an eval task) with its group's end: one hop and
+one consumer group fewer per trajectory for a reward that costs microseconds.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from zlib import crc32
 from prometheus_client import Counter, Gauge, Histogram
 
 from rollart.bus import MessageContext, StopRequest
-from rollart.config import RollartConfig
+from rollart.config import RewardSpec, RollartConfig
 from rollart.envs import FaultyEnv, make_env
 from rollart.messages import Abort, CompletedTrajectory, Envelope, GenerationRequest, GenerationResult, GroupEnded, \
-    SamplingParams, TaskSpec
+    SamplingParams, ScoredTrajectory, TaskSpec
+from rollart.rewards.http import RewardCallFailed
+from rollart.rewards.scoring import SCORED, LocalScorer, count_scored, reward_spec, results_topic, scored_trajectory
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.direct import DirectClient
 from rollart.rollout.replies import Delivery, NoReplyPartition, ReplyChannel
@@ -95,6 +101,8 @@ def init_metrics(config: RollartConfig) -> None:
             REPLACEMENTS.labels(config.job, tag, reason)
         for outcome in GROUP_OUTCOMES:
             GROUPS.labels(config.job, tag, outcome)
+        if reward_spec(config, tag).scored_by == "env":
+            SCORED.labels(config.job, tag)
     RUNNING.labels(config.job).set(0)
     init_fallback_metrics(config)
 
@@ -228,8 +236,10 @@ class EnvManager:
         self.direct = DirectClient(timeout_s=self.config.env.generation_timeout_s) \
             if self.config.generation.transport == "direct" else None
         self._retained_at = 0  # the router's refresh the direct client's sockets were last pruned at
+        self.scorer = LocalScorer(chat)  # for the tags whose reward is scored_by: env
 
     async def close(self) -> None:
+        await self.scorer.close()
         if self.direct is not None:
             await self.direct.close()
 
@@ -255,18 +265,40 @@ class EnvManager:
 
     async def _emit(self, outcome: CompletedTrajectory | Abort | GroupEnded, task: TaskSpec,
                     ctx: MessageContext) -> None:
+        """Each outcome to its topic, in the task's transaction: a trajectory this member scores (its
+        tag's reward is ``scored_by: env``) and its group's end straight to the results the trainer
+        (or the eval stage) reads; the rest, and every abort, to ``trajectories.completed``."""
+        spec = reward_spec(self.config, task.tag)
+        scored_here = spec.scored_by == "env"
         if isinstance(outcome, GroupEnded):
-            await ctx.produce(TRAJECTORIES_COMPLETED, outcome, key=outcome.group_id)
+            topic = results_topic(outcome.eval_version) if scored_here else TRAJECTORIES_COMPLETED
+            await ctx.produce(topic, outcome, key=outcome.group_id)
             return
-        if isinstance(outcome, CompletedTrajectory):
-            COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
-            TURNS.labels(self.config.job, task.tag).observe(outcome.turns)
-            TRAJ_LATENCY.labels(self.config.job, task.tag).observe(outcome.timings.get("total", 0.0))
-            version = outcome.start_version
-        else:
+        if isinstance(outcome, Abort):
             ABORTED.labels(self.config.job, task.tag, outcome.reason).inc()
-            version = None
-        await ctx.produce(TRAJECTORIES_COMPLETED, outcome, key=outcome.traj_id, policy_version=version)
+            await ctx.produce(TRAJECTORIES_COMPLETED, outcome, key=outcome.traj_id)
+            return
+        COMPLETED.labels(self.config.job, task.tag, outcome.status).inc()
+        TURNS.labels(self.config.job, task.tag).observe(outcome.turns)
+        TRAJ_LATENCY.labels(self.config.job, task.tag).observe(outcome.timings.get("total", 0.0))
+        scored = await self._score(outcome, spec) if scored_here else None
+        if scored is not None:
+            await ctx.produce(results_topic(outcome.eval_version), scored, key=outcome.group_id,
+                              policy_version=outcome.start_version)
+        else:
+            await ctx.produce(TRAJECTORIES_COMPLETED, outcome, key=outcome.traj_id, policy_version=outcome.start_version)
+
+    async def _score(self, trajectory: CompletedTrajectory, spec: RewardSpec) -> ScoredTrajectory | None:
+        """The trajectory scored here, or None when its reward cannot be computed: it then goes to the
+        reward stage, which dead-letters it with its reason and asks for its replacement."""
+        started = time.perf_counter()
+        try:
+            reward, components = await self.scorer.score(trajectory, spec)
+        except (RewardCallFailed, ValueError) as exc:
+            log.warning("%s: not scored here (%s); the reward stage takes it", trajectory.traj_id, exc)
+            return None
+        count_scored(self.config.job, trajectory, spec, started)
+        return scored_trajectory(trajectory, reward, components, spec)
 
     # -- one turn, over the bus -----------------------------------------------------------------
 

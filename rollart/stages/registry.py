@@ -79,7 +79,7 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
 
 
 # Consumer groups of the local runners' observer (rollart.local.observer), not of a stage: `rollart run`
-# watches trajectories.completed, `rollart rollout` rewards.results and trajectories.completed.
+# and `rollart rollout` watch trajectories.completed and rewards.results (where the env scored it).
 RUN_MONITOR = "run-monitor"
 ROLLOUT_COLLECTOR = "rollout-collector"
 OBSERVER_GROUPS = (RUN_MONITOR, ROLLOUT_COLLECTOR)

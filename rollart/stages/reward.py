@@ -1,4 +1,6 @@
-"""The reward bridge: scores each completed trajectory as soon as it arrives.
+"""The reward bridge: scores each completed trajectory as soon as it arrives (the trajectories of
+tags whose reward is ``scored_by: env`` are scored by their env member and never come here, unless
+their reward could not be computed there: then this stage dead-letters them as below).
 
 Per task tag a :class:`RewardSpec` says how: ``env`` (the env's own rewards), ``rule`` (a local rule
 such as the math answer check), ``python`` (a function by import path, :mod:`rollart.rewards.python`),
@@ -23,7 +25,7 @@ import socket
 import time
 import uuid
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
 from rollart.bus import MessageContext, PermanentError, StopRequest
 from rollart.config import DEFAULT_REWARD_CONCURRENCY, ConfigError, JudgeReward, PythonReward, RewardSpec, \
@@ -33,18 +35,15 @@ from rollart.messages import REPLACEMENT_MARK, Abort, CompletedTrajectory, Envel
     Int32Array, SamplingParams, TaskSpec
 from rollart.rewards.http import RewardCallFailed
 from rollart.rewards.rules import last_turn_tokens
-from rollart.rewards.scoring import LocalScorer, reward_spec, scored_trajectory
+from rollart.rewards.scoring import SCORED, LocalScorer, count_scored, reward_spec, results_topic, scored_trajectory
 from rollart.rollout.chat import ChatFormat
 from rollart.rollout.replies import NoReplyPartition, ReplyChannel
 from rollart.runtime import Runtime
 from rollart.stages.feeder import sources_from, task_spec
 from rollart.stages.runner import Member, run_member
-from rollart.names import EVAL_RESULTS, REWARDS_JUDGE, REWARDS_RESULTS, TASKS, TRAJECTORIES_COMPLETED
+from rollart.names import REWARDS_JUDGE, TASKS, TRAJECTORIES_COMPLETED
 
-LATENCY = Histogram("rollart_reward_latency_seconds", "Time to score one trajectory", ("job", "tag", "type"),
-                    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30))
 FAILURES = Counter("rollart_reward_failures_total", "Trajectories that could not be scored", ("job", "tag", "type"))
-SCORED = Counter("rollart_reward_scored_total", "Trajectories scored", ("job", "tag"))
 REWARD_FAILED = "reward_failed"  # the reason of the Abort the trainer gets for a dead-lettered member
 REPLACEMENTS = Counter("rollart_reward_replacements_total",
                        "Replacement rollouts released for dead-lettered trajectories", ("job", "tag"))
@@ -76,8 +75,7 @@ class RewardBridge:
         except (RewardCallFailed, ValueError) as exc:
             FAILURES.labels(self.config.job, message.tag, spec.type).inc()
             raise PermanentError(f"{spec.type} reward for {message.tag}: {exc}", notify=self._failed(message)) from None
-        LATENCY.labels(self.config.job, message.tag, spec.type).observe(time.perf_counter() - started)
-        SCORED.labels(self.config.job, message.tag).inc()
+        count_scored(self.config.job, message, spec, started)
         await ctx.produce(results_topic(message.eval_version), scored_trajectory(message, reward, components, spec),
                           key=message.group_id, policy_version=message.start_version)
 
@@ -127,11 +125,6 @@ class RewardBridge:
 
     async def close(self) -> None:
         await self.scorer.close()
-
-
-def results_topic(eval_version: int | None) -> str:
-    """Scores of eval trajectories go to the eval stage, never to the trainer."""
-    return REWARDS_RESULTS if eval_version is None else EVAL_RESULTS
 
 
 def replacement_task(config: RollartConfig, sources, trajectory: CompletedTrajectory) -> TaskSpec | None:

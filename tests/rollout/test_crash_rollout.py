@@ -12,7 +12,7 @@ from rollart.config import load_config
 from rollart.endpoints import Endpoints
 from rollart.local.endpoints import run_config
 from rollart.local.processes import StageProcesses
-from rollart.messages import Abort, CompletedTrajectory
+from rollart.messages import Abort, CompletedTrajectory, ScoredTrajectory
 from rollart.runtime import open_runtime
 from rollart.topics.admin import apply_topics
 from tests.conftest import RunningLoops, eventually
@@ -42,11 +42,12 @@ async def test_rollout_survives_killed_generation_and_env_consumers(stack, tiny_
 
     async def observe(envelope, ctx) -> None:
         message = envelope.message
-        group = message.group_id
+        if isinstance(message, ScoredTrajectory):  # an env reward: scored by its env member, no hop
+            message = message.trajectory
         if isinstance(message, CompletedTrajectory):
-            ended[group][message.traj_id] = "completed"
+            ended[message.group_id][message.traj_id] = "completed"
         elif isinstance(message, Abort):
-            ended[group].setdefault(message.traj_id, message.reason)
+            ended[message.group_id].setdefault(message.traj_id, message.reason)
 
     loops = RunningLoops()
     try:
@@ -56,7 +57,7 @@ async def test_rollout_survives_killed_generation_and_env_consumers(stack, tiny_
             procs.start(name, "env")
         procs.start("feeder", "feeder")
         async with open_runtime(cfg, serve=False) as rt:
-            await loops.start(rt.consumer_loop("observer", ["trajectories.completed"], observe, dedup=False,
+            await loops.start(rt.consumer_loop("observer", ["trajectories.completed", "rewards.results"], observe, dedup=False,
                                                ordering="none"), wait_assigned=False)
             await eventually(lambda: sum(len(v) for v in ended.values()) >= 4, timeout=240,
                              what="the rollout under way")

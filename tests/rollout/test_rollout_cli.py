@@ -51,12 +51,31 @@ def test_rollout_mixed_then_replay(stack, tiny_model, tmp_path):
     assert len(lines) == 1 and lines[0]["message"]["trajectory"]["traj_id"] == first_id
     assert "<|im_start|>assistant" in lines[0]["text"]
 
-    follow_and_refeed(env, summary["job"], first_id)
+    follow_env_scored(env, summary["job"])
+    follow_and_refeed(env, summary["job"], reward_scored_id(env, summary["job"]))
 
 
 def replay_cli(env, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rollart.cli", "replay", "--config", "configs/rollout-mixed.yaml",
                            *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+
+def reward_scored_id(env, job: str) -> str:
+    """A math trajectory: its tag's reward is scored by the reward stage (configs/rollout-mixed.yaml)."""
+    one = replay_cli(env, "--job", job, "--tag", "math", "--kind", "ScoredTrajectory", "--limit", "1", "--json")
+    return json.loads(one.stdout.splitlines()[0])["message"]["trajectory"]["traj_id"]
+
+
+def follow_env_scored(env, job: str) -> None:
+    """A grid-world trajectory, scored by the env member that ran it: its score is its completion."""
+    one = replay_cli(env, "--job", job, "--tag", "frozenlake", "--kind", "ScoredTrajectory", "--limit", "1", "--json")
+    traj_id = json.loads(one.stdout.splitlines()[0])["message"]["trajectory"]["traj_id"]
+    history = [json.loads(line) for line in replay_cli(env, "--job", job, "--traj", traj_id, "--follow",
+                                                       "--json").stdout.splitlines()]
+    kinds = [h["kind"] for h in history]
+    assert kinds[0] == "TaskSpec" and kinds[-1] == "ScoredTrajectory" and "CompletedTrajectory" not in kinds
+    assert history[-1]["message"]["scorer"] == "env" and history[-1]["topic"].endswith(".rewards.results")
+    assert kinds.count("GenerationResult") == history[-1]["message"]["trajectory"]["turns"] >= 1
 
 
 def follow_and_refeed(env, job: str, traj_id: str) -> None:

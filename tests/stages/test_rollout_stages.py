@@ -46,6 +46,47 @@ async def test_malformed_actions_get_the_format_penalty_not_a_crash(harness):
         assert t.env_reward <= FORMAT_PENALTY * t.metrics["invalid_actions"] + 1.0 + 1e-6
 
 
+BY_REWARD_STAGE = {"env": "frozenlake", "reward": {"type": "env", "scored_by": "reward"}}
+RAISES_HERE = {"env": "frozenlake", "reward": {"type": "python", "function": "tests.rewards.python_rewards:raises",
+                                               "scored_by": "env"}}
+
+
+@pytest.mark.rollout(tags={"here": GRID, "there": BY_REWARD_STAGE, "raises": RAISES_HERE})
+async def test_an_env_scored_trajectory_skips_the_reward_hop_and_one_it_cannot_score_takes_it(harness):
+    """``scored_by: env`` (the default for env rewards): the env member produces the score and the group's
+    end straight to rewards.results; ``reward``: the hop through trajectories.completed and the reward
+    stage; a reward the env member cannot compute goes that way too, and is dead-lettered there."""
+    from rollart.messages import Abort, CompletedTrajectory, GroupEnded, ScoredTrajectory
+    from rollart.names import REWARDS_RESULTS, TRAJECTORIES_COMPLETED
+    from rollart.replay import ReplayFilter, replay
+
+    for group, tag in (("h", "here"), ("t", "there"), ("b", "raises")):
+        await harness.submit(group, tag, group_size=2, seed=5)
+    await harness.wait_groups({"h": 2, "t": 2, "b": 2})
+    await eventually(lambda: len(harness.scored) == 4, what="the 4 scorable trajectories scored")
+
+    async def on(topic: str) -> dict[type, set[str]]:
+        kinds: dict[type, set[str]] = {}
+        async for _, m in replay(harness.config, harness.rt.endpoints, topic, ReplayFilter()):
+            kinds.setdefault(type(m), set()).add(m.trajectory.traj_id if isinstance(m, ScoredTrajectory) else
+                                                 m.group_id if isinstance(m, GroupEnded) else m.traj_id)
+        return kinds
+
+    async def dead_lettered():
+        results = await on(REWARDS_RESULTS)
+        return results if results.get(Abort) else None
+
+    results = await eventually(dead_lettered, what="the reward stage's abort of what the env could not score")
+    completed = await on(TRAJECTORIES_COMPLETED)
+    assert results[ScoredTrajectory] == {"h-0", "h-1", "t-0", "t-1"}
+    assert completed[CompletedTrajectory] == {"t-0", "t-1", "b-0", "b-1"}, "no hop for h, which the env scored"
+    assert results[Abort] == {"b-0", "b-1"} and Abort not in completed
+    # a group's end goes where its tag's scores go (b's too: its trajectories were meant to be scored here)
+    assert completed[GroupEnded] == {"t"} and results[GroupEnded] == {"h", "t", "b"}
+    for scored in harness.scored.values():
+        assert scored.scorer == "env" and scored.reward == scored.trajectory.env_reward
+
+
 SLOW = {"env": "frozenlake", "reward": {"type": "env"},
         "faults": {"step_latency": {"dist": "fixed", "mean_s": 4.0}}}
 

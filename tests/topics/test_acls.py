@@ -139,13 +139,13 @@ async def test_a_stage_writing_outside_its_acl_stops_clearly_and_loses_nothing(s
 
     env_config = as_user(config, security, env.principal)
     async with open_runtime(env_config, serve=False) as rt:
-        async def writes_rewards(envelope, ctx) -> None:  # the trainer's input: not the env stage's to write
-            await ctx.produce("rewards.results", envelope.message, key="g-acl")
+        async def writes_tasks(envelope, ctx) -> None:  # the feeder's output: not the env stage's to write
+            await ctx.produce("tasks", envelope.message, key="g-acl")
 
-        loop = rt.consumer_loop("env", ["tasks"], writes_rewards)
+        loop = rt.consumer_loop("env", ["tasks"], writes_tasks)
         with pytest.raises(NotAuthorized) as refused:
             await asyncio.wait_for(loop.run(), 60)
-        assert f"User:{env.principal}" in str(refused.value) and f"{config.job}.rewards.results" in str(refused.value)
+        assert f"User:{env.principal}" in str(refused.value) and f"{config.job}.tasks" in str(refused.value)
 
         handled = []
 
