@@ -246,6 +246,11 @@ class GenerationConfig(Section):
     # engine core's own process: on 2 cores it starts ~10 s sooner and answers one request 1.5x sooner
     # but the engine then uses one core, and a demo run's steps took 8-12% longer (README, CPU plan).
     executor: Literal["auto", "uni", "mp"] = "auto"
+    # How vLLM's engine core process starts. "forkserver": forked from a server that imported vLLM's
+    # engine core modules while this process imported vLLM (an engine ready ~6 s sooner here: 16 s
+    # against 22); "spawn": vLLM's own way on CPU, a fresh interpreter that imports it all again
+    # (rollart/engines/forkserver.py). The worker below it is spawned either way.
+    engine_core_start: Literal["forkserver", "spawn"] = "forkserver"
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)
     # How a turn reaches the engine. "bus": GenerationRequest on gen.requests.<pool>, the result on

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from rollart.config import GenerationConfig
+from rollart.engines import forkserver
 from rollart.messages import Float32Array, GenerationRequest, GenerationResult, Int32Array
 
 log = logging.getLogger(__name__)
@@ -69,12 +70,15 @@ class VLLMEngine:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.omp_threads_bind
         executor = None if self.config.executor == "auto" else self.config.executor
         _multiprocessing_env(executor)
+        if self.config.engine_core_start == "forkserver":
+            forkserver.start_server()  # imports the engine core's modules beside this process's imports
         # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
         # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
         with interruptible():
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
+            forkserver.start_engine_core_with(self.config.engine_core_start)
             policy = "priority" if self.config.serve_order == "oldest_group" else "fcfs"
             args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype,
                                    max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,

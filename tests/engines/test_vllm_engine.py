@@ -1,4 +1,4 @@
-"""The vLLM engine's process layout on CPU per ``generation.executor``."""
+"""The vLLM engine's process layout on CPU per ``generation.executor`` and ``generation.engine_core_start``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rollart.messages import GenerationRequest, Int32Array, SamplingParams
 
 
 def _engine_cores(exclude: set[int] = frozenset()) -> list[psutil.Process]:
-    return [p for p in psutil.Process().children() if "EngineCore" in p.name() and p.pid not in exclude]
+    return [p for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name() and p.pid not in exclude]
 
 
 def _workers(core: psutil.Process) -> list[str]:
@@ -37,22 +37,42 @@ async def test_uni_runs_the_model_in_the_engine_core(engine):
     await _generates(engine)
 
 
+async def test_the_engine_core_is_forked_by_this_processs_fork_server(engine):
+    """``engine_core_start: forkserver`` (the default): the engine core's parent is not this process but
+    the fork server this process started, which had vLLM imported before it forked it."""
+    assert engine.config.engine_core_start == "forkserver"
+    (core,) = _engine_cores()
+    server = core.parent()
+    assert server.pid != os.getpid() and server.ppid() == os.getpid()
+    assert "forkserver" in " ".join(server.cmdline())
+    assert {"vllm.v1.engine.core"} <= set(server_preload()), server_preload()
+
+
+def server_preload() -> list[str]:
+    import multiprocessing.forkserver
+
+    return list(multiprocessing.forkserver._forkserver._preload_modules)  # what the server imported first
+
+
 @pytest.mark.timeout(300)
 async def test_auto_after_a_uni_engine_is_vllms_own_choice(engine, tiny_model):
     """An "auto" engine started in a process whose uni engine set the variable is still vLLM's CPU
     default: a "VLLM::Worker" process below its engine core. Its queue-wait settings are in the
-    environment vLLM's processes start with, where the plugin reads them."""
+    environment vLLM's processes start with, where the plugin reads them. Started by vLLM's own
+    ``spawn`` (``engine_core_start: spawn``), its engine core is this process's child."""
     from rollart.engines.vllm_engine import VLLMEngine
     from rollart.engines.vllm_plugin import ENGINE_WAIT_ENV, NOTIFY_AFTER_ENV, POLL_SLEEP_ENV
 
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # the suite's uni engine set it
     before = {p.pid for p in _engine_cores()}
     auto = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=4, max_model_len=256, engine_wait="sleep",
-                                                   engine_poll_sleep_us=300, engine_notify_after_us=0))
+                                                   engine_poll_sleep_us=300, engine_notify_after_us=0,
+                                                   engine_core_start="spawn"))
     await auto.start()
     try:
         (core,) = _engine_cores(before)
         assert len(_workers(core)) == 1, _workers(core)
+        assert core.ppid() == os.getpid()
         # vLLM forks its processes from this one's environment (/proc/PID/environ keeps only the
         # environment a process was exec'd with, so it cannot tell)
         assert (os.environ.get(ENGINE_WAIT_ENV), os.environ.get(POLL_SLEEP_ENV),
