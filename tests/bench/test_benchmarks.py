@@ -273,6 +273,18 @@ async def test_engine_executor_measures_latency_alone_and_tokens_in_flight(engin
     assert figures["cpu_ms_per_request_alone"] > 0 and figures["cpu_ms_per_token"] > 0
 
 
+@pytest.mark.timeout(300)
+def test_engine_start_times_a_fresh_process_per_start_method(tmp_path, stack, tiny_model):
+    """`rollart bench engine-start --repeats 1`: one start of each method, each a process of its own
+    that answered a request; its engine core forked by the fork server, or spawned (this process's
+    child), as asked; the headline is spawn's time over forkserver's."""
+    data = bench(tmp_path, stack, tiny_model, "engine-start", "--repeats", "1")
+    rows = {row["mode"]: row for row in data["rows"]}
+    assert set(rows) == {"forkserver", "spawn"} and all(row["tokens"] == 1 for row in rows.values())
+    assert rows["forkserver"]["engine_core_forked"] and not rows["spawn"]["engine_core_forked"]
+    assert data["speedup"] == pytest.approx(rows["spawn"]["ready_s"] / rows["forkserver"]["ready_s"])
+
+
 def test_a_benchmark_keeps_its_work_dir_when_it_fails_or_asks_and_removes_it_otherwise():
     from rollart.cli.bench import run_benchmark
 

@@ -72,9 +72,10 @@ async def test_an_env_scored_trajectory_skips_the_reward_hop_and_one_it_cannot_s
                                                  m.group_id if isinstance(m, GroupEnded) else m.traj_id)
         return kinds
 
-    async def dead_lettered():
+    async def dead_lettered():  # all of it: each abort and end in here follows what it consumed from completed
         results = await on(REWARDS_RESULTS)
-        return results if results.get(Abort) else None
+        return results if results.get(Abort) == {"b-0", "b-1"} and results.get(GroupEnded) == {"h", "t", "b"} \
+            else None
 
     results = await eventually(dead_lettered, what="the reward stage's abort of what the env could not score")
     completed = await on(TRAJECTORIES_COMPLETED)
