@@ -247,8 +247,9 @@ class GenerationConfig(Section):
     # but the engine then uses one core, and a demo run's steps took 8-12% longer (README, CPU plan).
     executor: Literal["auto", "uni", "mp"] = "auto"
     # How vLLM's engine core process starts. "forkserver": forked from a server that imported vLLM's
-    # engine core modules while this process imported vLLM (an engine ready ~6 s sooner here: 16 s
-    # against 22); "spawn": vLLM's own way on CPU, a fresh interpreter that imports it all again
+    # engine core modules while this process imported vLLM (a fresh process's first answer after 19.3 s
+    # against 24.0 here: rollart bench engine-start); "spawn": vLLM's own way on CPU, a fresh interpreter
+    # that imports it all again
     # (rollart/engines/forkserver.py). The worker below it is spawned either way.
     engine_core_start: Literal["forkserver", "spawn"] = "forkserver"
     seed: int = 0

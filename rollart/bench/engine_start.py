@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -72,8 +73,9 @@ async def _serve_once(config: RollartConfig, method: str) -> None:
         result = await engine.generate(GenerationRequest(
             traj_id="start", turn=0, group_id="g", tag="bench", pool="bench", prompt_ids=Int32Array([1, 2, 3]),
             reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=1)))
-        core = psutil.Process(engine_core_pid(psutil.Process().pid))
-        report = {"tokens": len(result.token_ids), "engine_core_forked": core.ppid() != psutil.Process().pid}
+        core = engine_core_pid(os.getpid())
+        report = {"tokens": len(result.token_ids),
+                  "engine_core_forked": core is not None and psutil.Process(core).ppid() != os.getpid()}
         print(REPORT.decode() + json.dumps(report), flush=True)
     finally:
         engine.shutdown()
