@@ -246,11 +246,11 @@ class GenerationConfig(Section):
     # engine core's own process: on 2 cores it starts ~10 s sooner and answers one request 1.5x sooner
     # but the engine then uses one core, and a demo run's steps took 8-12% longer (README, CPU plan).
     executor: Literal["auto", "uni", "mp"] = "auto"
-    # How vLLM's engine core process starts. "forkserver": forked from a server that imported vLLM's
-    # engine core modules while this process imported vLLM (a fresh process's first answer after 19.3 s
-    # against 24.0 here: rollart bench engine-start); "spawn": vLLM's own way on CPU, a fresh interpreter
-    # that imports it all again
-    # (rollart/engines/forkserver.py). The worker below it is spawned either way.
+    # How vLLM's engine core process (and on CPU its worker) starts. "forkserver": forked from a server
+    # that imported vLLM's engine core and worker modules while this process imported vLLM, with vLLM's
+    # CPU preloads, the worker's OpenMP binding applied by rollart (rollart/engines/forkserver.py);
+    # "spawn": vLLM's own way on CPU, fresh interpreters that import it all again. README, "How the
+    # engine core starts" (rollart bench engine-start).
     engine_core_start: Literal["forkserver", "spawn"] = "forkserver"
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)

@@ -60,7 +60,7 @@ def tree_cpu_s(pid: int, *, children: bool = True, table: dict[int, list[int]] |
     return tree_sum(pid, cpu, children=children, table=table)
 
 
-ENGINE_CORE = "VLLM::EngineCore"  # vLLM's engine core process (setproctitle); its worker runs below it
+ENGINE_CORE = "VLLM::EngineCore"  # vLLM's engine core process (setproctitle)
 
 
 def engine_core_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:
@@ -77,3 +77,17 @@ def engine_core_pid(pid: int, table: dict[int, list[int]] | None = None) -> int 
         except psutil.Error:
             continue
     return None
+
+
+def engine_root_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:
+    """The process whose tree is the vLLM engine below ``pid``: the fork server that forked its engine
+    core and worker (``generation.engine_core_start: forkserver``), else the engine core, its worker
+    spawned below it."""
+    core = engine_core_pid(pid, table)
+    if core is None:
+        return None
+    try:
+        parent = psutil.Process(core).ppid()
+    except psutil.Error:
+        return None
+    return core if parent == pid else parent

@@ -22,6 +22,7 @@ from rollart.config import RollartConfig
 
 METHODS = ("forkserver", "spawn")
 REPORT = b"engine-start report: "  # the child's line, once its engine has answered
+WORKER = "VLLM::Worker"  # vLLM's CPU worker process (setproctitle)
 
 
 async def _start_once(config_json: Path, method: str, log: Path) -> dict[str, Any]:
@@ -74,8 +75,11 @@ async def _serve_once(config: RollartConfig, method: str) -> None:
             traj_id="start", turn=0, group_id="g", tag="bench", pool="bench", prompt_ids=Int32Array([1, 2, 3]),
             reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=1)))
         core = engine_core_pid(os.getpid())
+        workers = [p for p in psutil.Process().children(recursive=True) if WORKER in " ".join(p.cmdline())]
         report = {"tokens": len(result.token_ids),
-                  "engine_core_forked": core is not None and psutil.Process(core).ppid() != os.getpid()}
+                  "engine_core_forked": core is not None and psutil.Process(core).ppid() != os.getpid(),
+                  "workers_forked": bool(workers) and all(w.ppid() != core for w in workers),
+                  "worker_cpus": sorted({c for w in workers for c in w.cpu_affinity()})}
         print(REPORT.decode() + json.dumps(report), flush=True)
     finally:
         engine.shutdown()

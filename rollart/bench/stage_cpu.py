@@ -31,19 +31,20 @@ from typing import Any, Callable
 import psutil
 
 from rollart.config import RollartConfig
-from rollart.proctree import engine_core_pid, process_table, tree_cpu_s
+from rollart.proctree import engine_root_pid, process_table, tree_cpu_s
 
 IN_PROCESS = "in-process loop"
 SUPERVISOR = "run supervisor"
-ENGINE = " · vLLM engine"  # a process's engine core and worker, apart from the process itself
+ENGINE = " · vLLM engine"  # a process's engine core and worker (and their fork server), apart from it
 
 
 def engine_split(name: str, pid: int, table: dict[int, list[int]] | None = None) -> dict[str, tuple[int, bool]]:
     """A process that holds a vLLM engine as two targets: the process alone and its engine (core and
-    worker), so the engine's CPU compares between the pipeline's generation member and the in-process
-    loop. Before the engine core is up, the process alone (its counter never includes the engine)."""
-    core = engine_core_pid(pid, table)
-    return {name: (pid, False), **({name + ENGINE: (core, True)} if core is not None else {})}
+    worker, and the fork server they came from), so the engine's CPU compares between the pipeline's
+    generation member and the in-process loop. Before the engine core is up, the process alone (its
+    counter never includes the engine)."""
+    engine = engine_root_pid(pid, table)
+    return {name: (pid, False), **({name + ENGINE: (engine, True)} if engine is not None else {})}
 
 
 def listening_pid(port: int) -> int | None:

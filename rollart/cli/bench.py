@@ -157,12 +157,13 @@ def engine_executor_cmd(config: ConfigOption = None, out: OutOption = None, conc
 
 @bench_app.command("engine-start")
 def engine_start_cmd(config: ConfigOption = None, out: OutOption = None, repeats: int = 3) -> None:
-    """Seconds from a process's launch to its engine's first answer, its engine core forked from a fork
-    server (generation.engine_core_start: forkserver) or spawned (vLLM's own way); fresh processes, alternated."""
+    """Seconds from a process's launch to its engine's first answer, its engine core and CPU worker forked
+    from a fork server (generation.engine_core_start: forkserver) or spawned (vLLM's own way); fresh
+    processes, alternated."""
     from rollart.bench.engine_start import bench_engine_start
 
-    result = run_benchmark(config, out, bench_engine_start, ["mode", "repeat", "ready_s", "engine_core_forked"],
-                           "ready, spawn over forkserver", repeats=repeats)
+    columns = ["mode", "repeat", "ready_s", "engine_core_forked", "workers_forked"]
+    result = run_benchmark(config, out, bench_engine_start, columns, "ready, spawn over forkserver", repeats=repeats)
     console.print("median seconds to the first answer: " +
                   ", ".join(f"{m} {s:.1f}" for m, s in result["ready_s_median"].items()))
 

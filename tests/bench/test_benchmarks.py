@@ -276,12 +276,15 @@ async def test_engine_executor_measures_latency_alone_and_tokens_in_flight(engin
 @pytest.mark.timeout(300)
 def test_engine_start_times_a_fresh_process_per_start_method(tmp_path, stack, tiny_model):
     """`rollart bench engine-start --repeats 1`: one start of each method, each a process of its own
-    that answered a request; its engine core forked by the fork server, or spawned (this process's
-    child), as asked; the headline is spawn's time over forkserver's."""
+    that answered a request; its engine core and worker forked by the fork server, or spawned (the
+    core this process's child, the worker the core's), as asked, the worker bound to the same CPUs
+    either way; the headline is spawn's time over forkserver's."""
     data = bench(tmp_path, stack, tiny_model, "engine-start", "--repeats", "1")
     rows = {row["mode"]: row for row in data["rows"]}
     assert set(rows) == {"forkserver", "spawn"} and all(row["tokens"] == 1 for row in rows.values())
     assert rows["forkserver"]["engine_core_forked"] and not rows["spawn"]["engine_core_forked"]
+    assert rows["forkserver"]["workers_forked"] and not rows["spawn"]["workers_forked"]
+    assert rows["forkserver"]["worker_cpus"] == rows["spawn"]["worker_cpus"] != []
     assert data["speedup"] == pytest.approx(rows["spawn"]["ready_s"] / rows["forkserver"]["ready_s"])
 
 
