@@ -61,6 +61,7 @@ def tree_cpu_s(pid: int, *, children: bool = True, table: dict[int, list[int]] |
 
 
 ENGINE_CORE = "VLLM::EngineCore"  # vLLM's engine core process (setproctitle)
+ENGINE_WORKER = "VLLM::Worker"  # vLLM's CPU worker process (setproctitle): its OpenMP threads are bound
 
 
 def engine_core_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:
