@@ -22,18 +22,18 @@ log = logging.getLogger(__name__)
 
 
 _UNI_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-_uni_env_set = False  # whether an engine of this process set it (an "auto" engine after it must not inherit it)
+# Marks the variable as set by a rollart engine, of this process or of one it descends from (a test
+# suite's, a benchmark's parent), not by the user: an "auto" engine must not inherit it.
+_UNI_SET_BY_ROLLART = "ROLLART_UNI_ENGINE"
 
 
 def _multiprocessing_env(executor: str | None) -> None:
     """vLLM's CPU platform turns a "uni" executor into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING is 0
     (AsyncLLM keeps its engine core process either way; only that check and the sync LLMEngine read it)."""
-    global _uni_env_set
     if executor == "uni":
-        os.environ[_UNI_ENV], _uni_env_set = "0", True
-    elif _uni_env_set:
+        os.environ[_UNI_ENV] = os.environ[_UNI_SET_BY_ROLLART] = "0"
+    elif os.environ.pop(_UNI_SET_BY_ROLLART, None) is not None:
         os.environ.pop(_UNI_ENV, None)
-        _uni_env_set = False
 
 
 SPECIAL_TOKEN_IDS = ("eos_token_id", "bos_token_id", "pad_token_id")

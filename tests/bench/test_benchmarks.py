@@ -274,11 +274,13 @@ async def test_engine_executor_measures_latency_alone_and_tokens_in_flight(engin
 
 
 @pytest.mark.timeout(300)
-def test_engine_start_times_a_fresh_process_per_start_method(tmp_path, stack, tiny_model):
+def test_engine_start_times_a_fresh_process_per_start_method(tmp_path, stack, tiny_model, engine):
     """`rollart bench engine-start --repeats 1`: one start of each method, each a process of its own
     that answered a request; its engine core and worker forked by the fork server, or spawned (the
     core this process's child, the worker the core's), as asked, the worker bound to the same CPUs
-    either way; the headline is spawn's time over forkserver's."""
+    either way; the headline is spawn's time over forkserver's. The suite's uni engine (``engine``)
+    runs in this process: its variable does not make the children's engines uni."""
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
     data = bench(tmp_path, stack, tiny_model, "engine-start", "--repeats", "1")
     rows = {row["mode"]: row for row in data["rows"]}
     assert set(rows) == {"forkserver", "spawn"} and all(row["tokens"] == 1 for row in rows.values())
