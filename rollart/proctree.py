@@ -64,20 +64,26 @@ ENGINE_CORE = "VLLM::EngineCore"  # vLLM's engine core process (setproctitle)
 ENGINE_WORKER = "VLLM::Worker"  # vLLM's CPU worker process (setproctitle): its OpenMP threads are bound
 
 
-def engine_core_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:
-    """The vLLM engine core below ``pid`` (a generation member's, or an in-process loop's), if any."""
+def titled_pids(pid: int, title: str, table: dict[int, list[int]] | None = None) -> list[int]:
+    """The processes below ``pid`` whose command line (their setproctitle) holds ``title``."""
     try:
         below = [p.pid for p in psutil.Process(pid).children(recursive=True)] if table is None \
             else descendants(pid, table)
     except psutil.Error:
-        return None
+        return []
+    found = []
     for child in below:
         try:
-            if ENGINE_CORE in " ".join(psutil.Process(child).cmdline()):
-                return child
+            if title in " ".join(psutil.Process(child).cmdline()):
+                found.append(child)
         except psutil.Error:
             continue
-    return None
+    return found
+
+
+def engine_core_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:
+    """The vLLM engine core below ``pid`` (a generation member's, or an in-process loop's), if any."""
+    return next(iter(titled_pids(pid, ENGINE_CORE, table)), None)
 
 
 def engine_root_pid(pid: int, table: dict[int, list[int]] | None = None) -> int | None:

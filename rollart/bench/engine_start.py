@@ -65,7 +65,7 @@ async def _serve_once(config: RollartConfig, method: str) -> None:
 
     from rollart.engines.vllm_engine import VLLMEngine
     from rollart.messages import GenerationRequest, Int32Array, SamplingParams
-    from rollart.proctree import ENGINE_WORKER, engine_core_pid
+    from rollart.proctree import ENGINE_WORKER, engine_core_pid, titled_pids
 
     engine = VLLMEngine(config.model.path, config.generation.model_copy(update={"engine_core_start": method}))
     await engine.start()
@@ -74,7 +74,7 @@ async def _serve_once(config: RollartConfig, method: str) -> None:
             traj_id="start", turn=0, group_id="g", tag="bench", pool="bench", prompt_ids=Int32Array([1, 2, 3]),
             reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=1)))
         core = engine_core_pid(os.getpid())
-        workers = [p for p in psutil.Process().children(recursive=True) if ENGINE_WORKER in " ".join(p.cmdline())]
+        workers = [psutil.Process(w) for w in titled_pids(os.getpid(), ENGINE_WORKER)]
         report = {"tokens": len(result.token_ids),
                   "engine_core_forked": core is not None and psutil.Process(core).ppid() != os.getpid(),
                   "workers_forked": bool(workers) and all(w.ppid() != core for w in workers),
