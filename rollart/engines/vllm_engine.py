@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import functools
 import logging
 import os
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from rollart.config import GenerationConfig
 from rollart.engines import forkserver
-from rollart.messages import Float32Array, GenerationRequest, GenerationResult, Int32Array
+from rollart.messages import Float32Array, GenerationRequest, GenerationResult, Int32Array, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -112,18 +114,12 @@ class VLLMEngine:
             self._engine = None
 
     def _sampling_params(self, request: GenerationRequest):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        s = request.sampling
-        # Token ids in, token ids out: text is made only where stop strings need it (detokenizing every
-        # token of every request, and the sampled token of each logprob, is CPU the engine's step waits on).
-        # skip_clone: these params are this request's own, so vLLM's per-request deepcopy of them (~4% of
-        # a generation member's CPU, py-spy) can be a shallow copy.
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
-                              stop=list(s.stop) or None, stop_token_ids=list(s.stop_token_ids) or None, seed=s.seed,
-                              logprobs=0, output_kind=RequestOutputKind.DELTA, detokenize=bool(s.stop),
-                              skip_clone=True)
+        """vLLM's sampling parameters for the request: a shallow copy of the ones built for its settings.
+        Building them (their checks, and vLLM's lazy module attribute behind ``from vllm import``) was ~9%
+        of a generation member's CPU (py-spy), and a job asks with a handful of settings. A shallow copy is
+        what vLLM itself makes of parameters marked ``skip_clone``; the only state it then changes in place
+        is the stop-token set, into which every request of a model adds the same ids."""
+        return copy.copy(_vllm_sampling_params(request.sampling))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         started = time.perf_counter()
@@ -201,6 +197,21 @@ class VLLMEngine:
     @property
     def running(self) -> int:
         return sum(len(v) for v in self._by_traj.values())
+
+
+@functools.lru_cache(maxsize=64)  # bounded: a request may carry settings of its own (a seed)
+def _vllm_sampling_params(s: SamplingParams):
+    """Token ids in, token ids out: text is made only where stop strings need it (detokenizing every
+    token of every request, and the sampled token of each logprob, is CPU the engine's step waits on).
+    skip_clone: vLLM then copies them shallowly per request instead of deeply (~4% of a generation
+    member's CPU, py-spy)."""
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VLLMSamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                              stop=list(s.stop) or None, stop_token_ids=list(s.stop_token_ids) or None, seed=s.seed,
+                              logprobs=0, output_kind=RequestOutputKind.DELTA, detokenize=bool(s.stop),
+                              skip_clone=True)
 
 
 def _token_prompt(token_ids: list[int]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 
@@ -96,6 +97,27 @@ async def test_the_engines_special_token_ids_are_resolved_once_not_per_request(e
         await _generates(engine)  # vLLM reads eos_token_id for every request
     finally:
         object.__delattr__(tokenizer, "convert_tokens_to_ids")
+
+
+async def test_requests_with_their_own_settings_share_nothing_but_a_template(engine):
+    """vLLM's sampling parameters are built once per setting and copied per request: requests of
+    different settings in one batch each get theirs, a seed still decides the tokens, and no request's
+    state is left in the shared template."""
+    from rollart.engines.vllm_engine import _vllm_sampling_params
+
+    def request(i: int, **sampling) -> GenerationRequest:
+        return GenerationRequest(traj_id=f"settings-{i}", turn=0, group_id="g", tag="x", pool="default",
+                                 prompt_ids=Int32Array([1, 2, 3]), reply_partition=0,
+                                 sampling=SamplingParams(temperature=1.0, **sampling))
+
+    results = await asyncio.gather(*(engine.generate(request(i, max_tokens=1 + i % 3)) for i in range(9)))
+    assert all(len(r.token_ids) <= 1 + i % 3 for i, r in enumerate(results))
+    assert {len(r.token_ids) for r in results[2::3]} - {1, 2}  # a 3-token request is not cut at 1 or 2
+    seeded = [await engine.generate(request(10 + i, max_tokens=6, seed=7)) for i in range(3)]
+    assert seeded[0].token_ids == seeded[1].token_ids == seeded[2].token_ids
+    template = _vllm_sampling_params(SamplingParams(temperature=1.0, max_tokens=1))
+    assert template.max_tokens == 1 and template.seed is None and not template.stop_token_ids
+    assert copy.copy(template) is not template
 
 
 @pytest.mark.timeout(300)
