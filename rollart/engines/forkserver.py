@@ -4,8 +4,9 @@ spawned afresh.
 vLLM starts its engine core (and on CPU, below it, a worker) as ``spawn``ed processes: each a fresh
 interpreter that imports torch and vLLM again before it does anything, ~6 s of one core each here,
 and both are on every engine's critical path. Python's ``forkserver`` start method takes those imports
-off it: a server process started at the beginning of :meth:`VLLMEngine.start` imports vLLM's engine
-core and worker modules while the engine's own process imports vLLM (two cores at once), then forks
+off it: a server process started first thing in a generation member (the stage's prelude,
+:func:`start_for_job`; else at the beginning of :meth:`VLLMEngine.start`) imports vLLM's engine core
+and worker modules while the member imports torch and vLLM itself (two cores at once), then forks
 the engine core from that state, and the engine core asks the same server for its worker. vLLM's own
 API server does the same for its engine core (``VLLM_WORKER_MULTIPROC_METHOD=forkserver``), but
 ``AsyncLLM`` has no such option and vLLM's CPU platform forces ``spawn``, so the context is set here
@@ -34,7 +35,10 @@ import os
 import re
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from rollart.config import RollartConfig
 
 # What vLLM's engine core imports to run (EngineCoreProc and the executor it builds), and on CPU what
 # its worker imports; the server imports them once, before it forks the first child.
@@ -157,6 +161,14 @@ def start_server() -> None:
             os.environ.pop("LD_PRELOAD", None)
         else:
             os.environ["LD_PRELOAD"] = saved
+
+
+def start_for_job(config: RollartConfig) -> None:
+    """The generation stage's prelude: the server, when the job's engines start from it, started before
+    the member imports its own modules (torch, then vLLM), so the server's imports overlap all of them,
+    not only vLLM's (the first step of a 3-step demo run 0.8 s sooner, three runs alternated)."""
+    if config.generation.engine_core_start == "forkserver":
+        start_server()
 
 
 def engine_core_context() -> Any:

@@ -33,6 +33,9 @@ class Stage:
     scale_groups: tuple[str, ...] | None = None  # groups whose lag scales it (None: all of its groups)
     options: tuple[str, ...] = ()  # keyword options of its runner that `rollart consume` passes on
     short: str | None = None  # its name in process and Kubernetes object names (generation: gen)
+    # "module:function" (config) -> None, called before the runner's module is imported: work that may
+    # start while this process imports the stage's own modules (generation: the engine's fork server)
+    prelude: str | None = None
 
     def needed(self, config) -> bool:
         return self.requires is None or getattr(config, self.requires) is not None
@@ -58,14 +61,23 @@ class Stage:
         return (self.name, *(("--pool", pool) if self.per_pool else ()))
 
     def load(self):
-        module, _, function = self.runner.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return _resolve(self.runner)
+
+    def start_prelude(self, config) -> None:
+        if self.prelude is not None:
+            _resolve(self.prelude)(config)
+
+
+def _resolve(name: str):
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     # Declaration order is start order: consumers first, the feeder (which releases work) last.
     Stage("generation", ("gen-{pool}",), "rollart.stages.generation:run_generation",
-          "an LLM engine serving one pool's requests", per_pool=True, options=("pool",), short="gen"),
+          "an LLM engine serving one pool's requests", per_pool=True, options=("pool",), short="gen",
+          prelude="rollart.engines.forkserver:start_for_job"),
     Stage("env", ("env", "env-actions"), "rollart.stages.env:run_env", "runs trajectories (groups of tasks)",
           scale_groups=("env",)),
     Stage("reward", ("reward", "reward-judge"), "rollart.stages.reward:run_reward", "scores completed trajectories"),
@@ -121,4 +133,5 @@ async def run_stage(name: str, config, stop, **options: Any) -> None:
     unknown = set(options) - set(stage.options)
     if unknown:
         raise ValueError(f"stage {name} takes no {', '.join(sorted(unknown))}")
+    stage.start_prelude(config)
     await stage.load()(config, stop, **options)

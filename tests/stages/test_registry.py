@@ -3,6 +3,9 @@ local runners, chaos, deploy and the ACLs follow it, and a new stage is one entr
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from typer.testing import CliRunner
 
 from rollart.chaos.inject import KILLABLE, stage_of
@@ -59,3 +62,19 @@ def test_a_new_stage_is_one_registry_entry(monkeypatch, tmp_path):
     assert toy_stage.RAN == ["toyjob"], "`rollart consume toy` ran its runner"
     refused = CliRunner().invoke(app, ["consume", "toy", "--pool", "a", "--config", str(tmp_path / "job.yaml")])
     assert refused.exit_code == 2 and "not toy" in refused.output
+
+
+def test_a_stages_prelude_runs_before_its_own_modules_are_imported():
+    """The generation stage's prelude starts the engine's fork server (only for ``engine_core_start:
+    forkserver``) before the member imports its stage module and, with it, torch and vLLM."""
+    script = (
+        "import sys, multiprocessing.forkserver as fs\n"
+        "from rollart.config import build_config\n"
+        "from rollart.stages.registry import STAGES\n"
+        "for start in ('spawn', 'forkserver'):\n"
+        "    STAGES['generation'].start_prelude(build_config({'job': 'j', 'generation': {'engine_core_start': start}}))\n"
+        "    print(start, fs._forkserver._forkserver_pid is not None, 'torch' in sys.modules,\n"
+        "          'rollart.stages.generation' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["spawn False False False", "forkserver True False False"]
