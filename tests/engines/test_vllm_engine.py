@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 import time
 
@@ -117,7 +116,8 @@ async def test_requests_with_their_own_settings_share_nothing_but_a_template(eng
     assert seeded[0].token_ids == seeded[1].token_ids == seeded[2].token_ids
     template = _vllm_sampling_params(SamplingParams(temperature=1.0, max_tokens=1))
     assert template.max_tokens == 1 and template.seed is None and not template.stop_token_ids
-    assert copy.copy(template) is not template
+    first, second = (engine._sampling_params(request(20, max_tokens=1)) for _ in range(2))
+    assert first is not second and first is not template and first.max_tokens == second.max_tokens == 1
 
 
 @pytest.mark.timeout(300)
