@@ -209,6 +209,12 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(default=1, ge=1)  # steps; samples are committed only once checkpointed
     capacity_groups: int | None = Field(default=None, ge=1)  # buffer bound; None: (alpha + 2) * groups_per_batch
     keep_versions: int = Field(default=2, ge=1)  # published versions kept besides any still being pulled
+    # Mixed precision (Hugging Face Accelerate's name for it): "bf16" runs the forward's matrix products
+    # in bfloat16 under torch.autocast, and so their backward; weights, gradients and Adam's state stay
+    # float32 and logprobs are taken in float32. "no": float32 throughout. On a CPU it pays where the CPU
+    # has bf16 instructions (avx512_bf16, AMX; the trainer logs whether it has); `rollart bench
+    # trainer-step` times a run's steps both ways.
+    mixed_precision: Literal["no", "bf16"] = "no"
     # CPU plan: torch's intra-op threads in the trainer (None: torch's default, one per core); on a
     # machine it shares with an engine, fewer threads than cores keep the two from fighting
     torch_threads: int | None = Field(default=None, ge=1)

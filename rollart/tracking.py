@@ -28,8 +28,8 @@ from rollart.config import ConfigError, RollartConfig
 
 log = logging.getLogger(__name__)
 
-SCALARS = ("reward_mean", "success_rate", "staleness_max", "staleness_mean", "samples", "groups", "tokens",
-           "turns_mean", "wait_s", "train_s", "buffer_groups", "partial_groups", "trained_version")
+SCALARS = ("reward_mean", "success_rate", "staleness_max", "staleness_mean", "token_staleness_mean", "samples",
+           "groups", "tokens", "turns_mean", "wait_s", "train_s", "buffer_groups", "partial_groups", "trained_version")
 
 
 def step_scalars(row: dict) -> dict[str, float]:

@@ -30,6 +30,7 @@ def test_yaml_with_env_overrides(tmp_path, monkeypatch):
         ("generation:\n  omp_threads_bind: cores-0-1\n", "generation.omp_threads_bind"),
         ("trainer:\n  torch_threads: 0\n", "trainer.torch_threads"),
         ("trainer:\n  dual_clip: 0.9\n", "trainer.dual_clip"),
+        ("trainer:\n  mixed_precision: fp16\n", "trainer.mixed_precision"),
     ],
 )
 def test_invalid_config_names_the_field(tmp_path, text, field):

@@ -71,27 +71,46 @@ def _measure(config: RollartConfig, run: Path, steps: int, torch_threads: int | 
 
 
 def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
+    """The steps alone in the run's precision, then (the same backend, the same shapes) in the other one
+    of ``trainer.mixed_precision``: what bf16 would save this run's trainer on these cores."""
     import torch
 
+    in_run = [row["train_s"] for row in rows]
+    precision = config.trainer.mixed_precision
+    other = "bf16" if precision == "no" else "no"
+    alone = _timed_steps(backend, config, rows)
+    backend.mixed_precision = torch.bfloat16 if other == "bf16" else None
+    alone_other = _timed_steps(backend, config, rows)
+    ratio = statistics.mean(in_run) / statistics.mean(alone)
+    bf16, fp32 = (alone_other, alone) if other == "bf16" else (alone, alone_other)
+    from rollart.training.torch_backend import cpu_has_bf16
+
+    return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
+            "bf16_over_fp32": statistics.mean(bf16) / statistics.mean(fp32),
+            "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(), "mixed_precision": precision,
+                      "cpu_bf16": cpu_has_bf16(),
+                      "samples_per_step": statistics.mean(len(r["lengths"]) for r in rows),
+                      "tokens_per_sample": statistics.mean(statistics.mean(r["lengths"]) for r in rows)},
+            "rows": [{"mode": "in the run", "step_s_mean": statistics.mean(in_run), "step_s_p50": statistics.median(in_run)},
+                     {"mode": "alone", "step_s_mean": statistics.mean(alone), "step_s_p50": statistics.median(alone)},
+                     {"mode": f"alone, mixed_precision {other}", "step_s_mean": statistics.mean(alone_other),
+                      "step_s_p50": statistics.median(alone_other)}]}
+
+
+def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[float]:
+    """Each row's batch shape through one training step, after one untimed step (first-step
+    allocations are not the trainer's steady cost); the seconds of each."""
     from rollart.training.torch_backend import collate
 
     vocab = int(backend.model.config.vocab_size)
     rng = random.Random(0)
     group_size = config.feeder.group_size
     options = {"pad_id": 0, "norm": config.trainer.advantage_norm, "per_step": config.trainer.samples == "step"}
-    warm = collate(shaped_batch(rows[0]["lengths"], rows[0]["generated"], group_size, vocab, rng), **options)
-    backend.train_step(warm)  # first-step allocations are not the trainer's steady cost
-    alone = []
+    backend.train_step(collate(shaped_batch(rows[0]["lengths"], rows[0]["generated"], group_size, vocab, rng), **options))
+    seconds = []
     for row in rows:
         batch = collate(shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng), **options)
         started = time.perf_counter()
         backend.train_step(batch)
-        alone.append(time.perf_counter() - started)
-    in_run = [row["train_s"] for row in rows]
-    ratio = statistics.mean(in_run) / statistics.mean(alone)
-    return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
-            "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(),
-                      "samples_per_step": statistics.mean(len(r["lengths"]) for r in rows),
-                      "tokens_per_sample": statistics.mean(statistics.mean(r["lengths"]) for r in rows)},
-            "rows": [{"mode": "in the run", "step_s_mean": statistics.mean(in_run), "step_s_p50": statistics.median(in_run)},
-                     {"mode": "alone", "step_s_mean": statistics.mean(alone), "step_s_p50": statistics.median(alone)}]}
+        seconds.append(time.perf_counter() - started)
+    return seconds

@@ -14,7 +14,7 @@ from pathlib import Path
 from statistics import mean
 
 STEP_FIELDS = ("step", "trained_version", "reward_mean", "success_rate", "staleness_max", "staleness_mean",
-               "samples", "groups", "tokens", "turns_mean", "wait_s", "train_s", "buffer_groups", "time")
+               "token_staleness_mean", "samples", "groups", "tokens", "turns_mean", "wait_s", "train_s", "buffer_groups", "time")
 
 
 def eval_record(out: Path) -> Path:

@@ -317,6 +317,21 @@ async def train_groups(backend, groups: list[Group], config: RollartConfig, *, v
     return samples, staleness, metrics, time.perf_counter() - started
 
 
+def token_staleness_mean(samples: list[ScoredTrajectory], version: int) -> float:
+    """Versions between ``version`` and the weights that generated each trained token, averaged over the
+    generated tokens. ``staleness_mean`` counts from each trajectory's start; with in-flight weight
+    updates (``generation.on_weight_update``) a trajectory's later turns come from newer weights, and
+    this is the share of the batch that was still off-policy when trained."""
+    total = count = 0
+    for s in samples:
+        t = s.trajectory
+        for made_by, generated in zip(t.versions, t.loss_mask):
+            if generated:
+                total += max(version - made_by, 0)
+                count += 1
+    return total / count if count else 0.0
+
+
 def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict,
                 wait_s: float, train_s: float, buffer: SampleBuffer) -> dict:
     """One row of the trainer's record (``record.jsonl``) for a trained batch; the in-process loop of
@@ -329,6 +344,7 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         "reward_mean": sum(rewards) / len(rewards),
         "success_rate": sum(s.trajectory.metrics.get("success", 0.0) for s in samples) / len(samples),
         "staleness_max": max(staleness), "staleness_mean": sum(staleness) / len(staleness),
+        "token_staleness_mean": token_staleness_mean(samples, version),
         "tokens": int(sum(sum(s.trajectory.loss_mask) for s in samples)),
         "turns_mean": sum(s.trajectory.turns for s in samples) / len(samples),
         "traj_ids": [s.trajectory.traj_id for s in samples],
@@ -381,18 +397,23 @@ def build_backend(config: RollartConfig):
         from rollart.training.megatron_backend import MegatronBackend
 
         try:
-            return MegatronBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch,
-                                   loss=loss_config(config), grad_clip=t.grad_clip, device=t.device)
+            backend = MegatronBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch,
+                                      loss=loss_config(config), grad_clip=t.grad_clip, device=t.device)
         except (ImportError, RuntimeError) as exc:
             raise ConfigError(f"trainer.backend: megatron cannot start here: {exc}") from None
-    import torch
+    else:
+        import torch
 
-    from rollart.training.torch_backend import TorchBackend
+        from rollart.training.torch_backend import TorchBackend
 
-    torch.manual_seed(t.seed)
-    log.info("torch intra-op threads: %d", torch.get_num_threads())
-    return TorchBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch, device=t.device,
-                        loss=loss_config(config), grad_clip=t.grad_clip)
+        torch.manual_seed(t.seed)
+        log.info("torch intra-op threads: %d", torch.get_num_threads())
+        backend = TorchBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch, device=t.device,
+                               loss=loss_config(config), grad_clip=t.grad_clip)
+    from rollart.training.torch_backend import autocast_dtype
+
+    backend.mixed_precision = autocast_dtype(t.mixed_precision, backend.device)
+    return backend
 
 
 def writer_token(checkpoints: CheckpointStore, resume: bool) -> str:

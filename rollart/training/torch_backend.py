@@ -9,6 +9,7 @@ token-mean over the whole batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from rollart.training.algorithms import (
     over_trained_rows,
     policy_loss,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,6 +150,34 @@ def _plain_head(model) -> bool:
             and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) is None)
 
 
+def autocast_dtype(mixed_precision: str, device: str) -> torch.dtype | None:
+    """``trainer.mixed_precision`` as the forward's autocast dtype on ``device`` (None: float32). A GPU
+    without bfloat16 fails here, naming the field; a CPU without bf16 instructions runs it emulated
+    (slower than float32), which is worth a warning, not a refusal."""
+    if mixed_precision == "no":
+        return None
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_bf16_supported():
+        from rollart.config import ConfigError
+
+        raise ConfigError(f"trainer.mixed_precision: bf16 needs a GPU with bfloat16; {torch.cuda.get_device_name()} has none")
+    if kind == "cpu" and not cpu_has_bf16():
+        log.warning("trainer.mixed_precision: bf16 on a CPU without avx512_bf16 or AMX is emulated and "
+                    "slower than float32")
+    log.info("trainer.mixed_precision: the forward in bfloat16 (autocast on %s)", kind)
+    return torch.bfloat16
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (x86 ``avx512_bf16`` or ``amx_bf16``; Arm ``bf16``)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    words = set(flags.split())
+    return bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def zero_missing_gradients(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Give every trainable parameter without a gradient (no row reached it) a zero one; returns the
     trainable parameters. Adam then steps them on zeros, and an all-reduce has a buffer for each."""
@@ -164,6 +195,15 @@ class AccumulatingBackend:
     def _micro_loss(self, micro: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         raise NotImplementedError
 
+    mixed_precision: torch.dtype | None = None  # the forward's autocast dtype (trainer.mixed_precision)
+
+    def autocast(self) -> torch.autocast:
+        """The forward's precision: float32, or ``mixed_precision`` for what autocast lowers (matrix
+        products); the loss's own arithmetic is on float32 logprobs either way."""
+        device = torch.device(self.device).type
+        return torch.autocast(device, dtype=self.mixed_precision or torch.float32,
+                              enabled=self.mixed_precision is not None)
+
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimiser step over the batch (micro-batched); returns averaged metrics."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -180,7 +220,8 @@ class AccumulatingBackend:
         total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {"loss": 0.0, "trained_fraction": 0.0}
         for micro in batch.micro_batches(self._rows_with_gradient(batch, rows), self.micro_batch):
-            loss, m, mask = self._micro_loss(micro)
+            with self.autocast():
+                loss, m, mask = self._micro_loss(micro)
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
                      else mask.shape[0] / batch.input_ids.shape[0])
             (loss * share).backward()

@@ -148,6 +148,8 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert result["setup"]["steps"] == 2 and result["setup"]["torch_threads"] == 1
     alone = result["rows"][1]["step_s_mean"]
     assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
+    assert result["setup"]["mixed_precision"] == "no" and result["rows"][2]["mode"] == "alone, mixed_precision bf16"
+    assert result["bf16_over_fp32"] == pytest.approx(result["rows"][2]["step_s_mean"] / alone)
     with pytest.raises(ValueError, match="no step carries its batch shape"):
         await bench_trainer_step(config, tmp_path, run=tmp_path / "empty")
 

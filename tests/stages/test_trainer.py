@@ -363,3 +363,17 @@ async def test_a_fast_tag_does_not_crowd_a_slow_one_out_of_the_batches(trainer, 
     await trainer.produce(of("slow", 10))
     await eventually(lambda: len(trainer.steps()) == 1, what="a step once the slow tag has a group")
     assert trainer.steps()[0]["groups_by_tag"] == {"fast": 1, "slow": 1}
+
+
+def test_token_staleness_counts_the_turns_newer_weights_generated():
+    """A trajectory started on version 3 whose last turn came from version 5 after an in-flight weight
+    update: trained at 5, its start is 2 versions old but only its first turns' tokens are."""
+    from rollart.stages.trainer import token_staleness_mean
+
+    t = sample_trajectory("g0-t0", n_prompt=4, n_gen=6, version=3)
+    mixed = replace(t, versions=Int32Array([-1] * 4 + [3, 3, 4, 4, 5, 5]))
+    fresh = replace(t, traj_id="g0-t1", versions=Int32Array([-1] * 4 + [5] * 6))
+    samples = [ScoredTrajectory(trajectory=mixed, reward=1.0), ScoredTrajectory(trajectory=fresh, reward=0.0)]
+    assert token_staleness_mean(samples, 5) == pytest.approx((2 + 2 + 1 + 1) / 12)
+    assert token_staleness_mean(samples[:1], 5) == pytest.approx(1.0)
+    assert token_staleness_mean(samples[1:], 6) == pytest.approx(1.0)

@@ -197,3 +197,33 @@ def test_a_kl_or_entropy_term_trains_every_row(tiny_model):
     for loss in (PolicyLossConfig(kl_coef=0.1), PolicyLossConfig(entropy_coef=0.01)):
         backend = TorchBackend(tiny_model, micro_batch=4, device="cpu", loss=loss)
         assert backend.train_step(_uneven_groups())["trained_fraction"] == pytest.approx(1.0)
+
+
+
+def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_float32_weights_and_logprobs(tiny_model):
+    """``trainer.mixed_precision: bf16``: the linear layers compute in bfloat16; the weights, their
+    gradients and the logprobs the loss is taken on stay float32; and the gradient is the float32 one's
+    up to bfloat16's rounding (8 bits of mantissa)."""
+    from rollart.config import RollartConfig
+    from rollart.stages.trainer import build_backend
+
+    batch, steps = _uneven_groups(), {}
+    for precision in ("no", "bf16"):
+        config = RollartConfig.model_validate({"model": {"path": str(tiny_model)}, "trainer": {
+            "device": "cpu", "lr": 1e-3, "micro_batch": 4, "mixed_precision": precision}})
+        backend = build_backend(config)
+        assert backend.mixed_precision == (torch.bfloat16 if precision == "bf16" else None)
+        computed: list[torch.dtype] = []
+        linear = next(m for m in backend.model.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda _m, _i, out, seen=computed: seen.append(out.dtype))
+        gradient, metrics = _gradient(backend, batch, 4)
+        assert set(computed) == {torch.bfloat16 if precision == "bf16" else torch.float32}
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in backend.model.parameters())
+        with backend.autocast():
+            assert token_logprobs(backend.model, batch.input_ids, batch.attention_mask).dtype == torch.float32
+        steps[precision] = (gradient, metrics)
+    (full, full_metrics), (mixed, mixed_metrics) = steps["no"], steps["bf16"]
+    assert not torch.equal(full, mixed), "bf16 changed the arithmetic"
+    cosine = float(torch.nn.functional.cosine_similarity(full, mixed, dim=0))
+    assert cosine > 0.99, cosine
+    assert mixed_metrics["loss"] == pytest.approx(full_metrics["loss"], abs=2e-2)
