@@ -228,6 +228,15 @@ class TrainerConfig(Section):
     dist_timeout_s: float = Field(default=120.0, ge=4)
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _megatron_mixed_precision_on_cuda(self) -> "TrainerConfig":
+        # Megatron-core's linear layers carry autocast into their backward for CUDA only: on a CPU their
+        # backward multiplies a bfloat16 gradient by a float32 weight and fails mid-step
+        if self.backend == "megatron" and self.mixed_precision != "no" and self.device == "cpu":
+            raise ValueError("trainer.mixed_precision: bf16 with trainer.backend megatron needs device cuda "
+                             "(Megatron-core's layers keep autocast in their backward on CUDA only)")
+        return self
+
 
 DIRECT_FALLBACK_FETCH_MAX_WAIT_MS = 500
 

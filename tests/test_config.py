@@ -162,3 +162,15 @@ def test_the_local_stacks_own_variables_are_not_read_as_config(monkeypatch):
         assert name.startswith("ROLLART_LOCAL_")
         monkeypatch.setenv(name, "tansu")
     assert load_config(None).machine.scheduling == {}, "loads, with its defaults"
+
+
+def test_megatron_mixed_precision_on_a_cpu_is_refused_at_load_naming_the_field(tmp_path):
+    """Megatron-core's layers fail mid-step under CPU autocast: the config says so before anything starts;
+    the PyTorch backend on a CPU, and Megatron on CUDA, take bf16."""
+    path = tmp_path / "megatron.yaml"
+    path.write_text("trainer:\n  backend: megatron\n  device: cpu\n  mixed_precision: bf16\n")
+    with pytest.raises(ConfigError, match="trainer.mixed_precision: bf16 with trainer.backend megatron needs device cuda"):
+        load_config(path)
+    for trainer in ("  backend: torch\n  device: cpu\n", "  backend: megatron\n  device: cuda\n"):
+        path.write_text(f"trainer:\n{trainer}  mixed_precision: bf16\n")
+        assert load_config(path).trainer.mixed_precision == "bf16"

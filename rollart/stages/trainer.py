@@ -47,6 +47,9 @@ STEP_SECONDS = Histogram("rollart_trainer_step_phase_seconds", "Time per trainin
                          buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 STALENESS = Histogram("rollart_trainer_sample_staleness_versions", "Policy versions between a sample's oldest "
                       "token and the weights it was trained on", ("job",), buckets=(0, 1, 2, 3, 4, 6, 8, 16))
+TOKEN_STALENESS = Gauge("rollart_trainer_batch_token_staleness_versions", "Policy versions between the last trained "
+                        "batch's generated tokens and its weights, mean (weights updated in flight make a "
+                        "trajectory's later turns fresher than its start)", ("job",))
 BUFFER_GROUPS = Gauge("rollart_trainer_buffer_groups", "Task groups held in the sample buffer", ("job",))
 REWARD = Gauge("rollart_trainer_batch_reward_mean", "Mean reward of the last trained batch", ("job",))
 VERSION = Gauge("rollart_trainer_policy_version", "Policy version last published", ("job",))
@@ -260,6 +263,7 @@ class TrainerStage:
         STEPS.labels(*self.labels).inc()
         SAMPLES.labels(*self.labels).inc(len(samples))
         REWARD.labels(*self.labels).set(row["reward_mean"])
+        TOKEN_STALENESS.labels(*self.labels).set(row["token_staleness_mean"])
         for value in staleness:
             STALENESS.labels(*self.labels).observe(value)
         log.info("step %d: reward %.3f success %.2f staleness<=%d version %d (%.2fs train)", self.state.step,

@@ -8,6 +8,8 @@ What CI cannot run (it has no GPU), checked on one GPU against the CPU, all in f
   tests/training/test_megatron_backend.py makes on CPU with shims, here with none);
 * ``nccl``: the data-parallel path (rollart/training/distributed.py) over NCCL, a world of one rank
   (one GPU cannot hold two NCCL ranks): its collectives on CUDA tensors, its step equal to the plain one;
+* ``bf16``: ``trainer.mixed_precision: bf16`` on CUDA, each backend against the float32 PyTorch
+  backend (a looser tolerance: bfloat16 keeps 8 bits of mantissa);
 * ``export``: what the trainer publishes from CUDA weights (safetensors buckets, bfloat16) read back;
 * ``resume``: a CUDA checkpoint saved and loaded steps exactly as the run it came from;
 * ``step_s``: seconds per training step of 32 trajectories of ~256 tokens, by model size and backend.
@@ -31,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "training"))  # megatron_batch
 
 TOLERANCE = {"loss": 1e-4, "grad_norm": 1e-3, "weights": 1e-4, "logprobs": 1e-3}
+BF16_LOSS_TOLERANCE = 2e-2
 STEPS = 3
 
 
@@ -128,6 +131,17 @@ def check_nccl(path: Path, batch, port: int = 29591) -> dict:
     return out
 
 
+def check_bf16(path: Path, batch) -> dict:
+    """Each backend under bf16 autocast stepped beside the float32 PyTorch backend on CUDA (CPU tests
+    cover the PyTorch backend; Megatron's layers take autocast on CUDA only, so only a GPU shows it)."""
+    out = {}
+    for kind in ("torch", "megatron"):
+        mixed = backend(kind, path, "cuda")
+        mixed.mixed_precision = torch.bfloat16
+        out[kind] = stepped_together(mixed, backend("torch", path, "cuda"), batch)
+    return out
+
+
 def check_export(path: Path, batch) -> dict:
     from safetensors.torch import load
 
@@ -181,6 +195,9 @@ def failures(report: dict) -> list[str]:
             value = report[check].get(key)
             if value is not None and value > limit * scale:
                 bad.append(f"{check}.{key} = {value:.3g} > {limit * scale:g}")
+    for kind, gaps in report["bf16"].items():
+        if gaps["loss"] > BF16_LOSS_TOLERANCE:
+            bad.append(f"bf16.{kind}.loss = {gaps['loss']:.3g} > {BF16_LOSS_TOLERANCE:g}")
     if report["export"]["weights"] != 0.0 or report["export"]["names_missing"]:
         bad.append(f"export: {report['export']}")
     if not report["megatron"]["names_match"]:
@@ -199,6 +216,7 @@ def main(quick: bool) -> int:
     report["nccl"] = check_nccl(tiny, batch)  # first: the process group Megatron then builds on
     report["torch"] = check_torch(tiny, batch)
     report["megatron"] = check_megatron(tiny, batch)
+    report["bf16"] = check_bf16(tiny, batch)
     report["export"] = check_export(tiny, batch)
     report["resume"] = check_resume(tiny, batch, root)
     sizes = {"tiny": tiny}
