@@ -325,7 +325,7 @@ def token_staleness_mean(samples: list[ScoredTrajectory], version: int) -> float
     """Versions between ``version`` and the weights that generated each trained token, averaged over the
     generated tokens. ``staleness_mean`` counts from each trajectory's start; with in-flight weight
     updates (``generation.on_weight_update``) a trajectory's later turns come from newer weights, and
-    this is the share of the batch that was still off-policy when trained."""
+    this says how far off-policy the batch's tokens were when trained (0: all from the trained weights)."""
     total = count = 0
     for s in samples:
         t = s.trajectory
