@@ -118,8 +118,10 @@ async def bench_time_to_quality(config: RollartConfig, work_dir: Path, *, job_ya
 
 def pipeline_over_in_process(rows: list[dict]) -> dict[str, Any]:
     """Each repeat's pipeline time over its in-process time to the target (over the whole runs where
-    either missed it); the headline is their median, as is the steps ratio (repeats where both reached it)."""
-    ratios, steps, whole = [], [], 0
+    either missed it); the headline is their median. Beside it, its parts, medians too: the steps ratio
+    (repeats where both reached it), the seconds-per-step ratio and how much later the pipeline's first
+    step came: time to target ~ first step + steps x seconds per step."""
+    ratios, steps, per_step, first_delay, whole = [], [], [], [], 0
     for repeat in sorted({r["repeat"] for r in rows}):
         pipe, local = (next(r for r in rows if r["repeat"] == repeat and r["mode"] == mode)
                        for mode in ("pipeline", "in-process"))
@@ -128,6 +130,9 @@ def pipeline_over_in_process(rows: list[dict]) -> dict[str, Any]:
         ratios.append(pipe[key] / local[key])
         if both:
             steps.append(pipe["steps_to_target"] / local["steps_to_target"])
+        if "seconds_per_step" in pipe and "seconds_per_step" in local:
+            per_step.append(pipe["seconds_per_step"] / local["seconds_per_step"])
+            first_delay.append(pipe["first_step_s"] - local["first_step_s"])
         whole += not both
     result: dict[str, Any] = {"speedup": statistics.median(ratios), "ratios": [round(r, 4) for r in ratios],
                               "measured_on": "time to target" if not whole else
@@ -135,4 +140,7 @@ def pipeline_over_in_process(rows: list[dict]) -> dict[str, Any]:
     result["pipeline_over_in_process"] = result["speedup"]  # printed as the headline
     if steps:
         result["steps_ratio"] = statistics.median(steps)
+    if per_step:
+        result["seconds_per_step_ratio"] = statistics.median(per_step)
+        result["first_step_later_s"] = statistics.median(first_delay)
     return result

@@ -341,6 +341,10 @@ def time_to_quality_cmd(config: Annotated[Path, typer.Option("--config", "-c", h
         raise typer.Exit(2) from None
     if "measured_on" in result:
         console.print(f"measured on: {result['measured_on']}")
+    if "seconds_per_step_ratio" in result:  # what the ratio is made of (time ~ first step + steps x s/step)
+        steps_part = f"steps to target {result['steps_ratio']:.2f}x, " if "steps_ratio" in result else ""
+        console.print(f"pipeline over in-process, medians: {steps_part}seconds per step "
+                      f"{result['seconds_per_step_ratio']:.2f}x, first step {result['first_step_later_s']:+.1f} s")
 
 
 @bench_app.command("off-policy")

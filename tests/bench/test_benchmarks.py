@@ -176,7 +176,8 @@ def test_time_to_quality_headline_is_the_median_of_each_repeats_pair():
 
     def row(mode, repeat, seconds, steps, total=200.0):
         return {"mode": mode, "repeat": repeat, "seconds_to_target": seconds, "steps_to_target": steps,
-                "seconds_total": total}
+                "seconds_total": total, "seconds_per_step": total / 150,
+                "first_step_s": 20.0 if mode == "pipeline" else 17.0 + repeat}
 
     rows = [row("in-process", 1, 100.0, 80), row("pipeline", 1, 90.0, 88),
             row("pipeline", 2, 120.0, 100), row("in-process", 2, 100.0, 80),
@@ -185,6 +186,8 @@ def test_time_to_quality_headline_is_the_median_of_each_repeats_pair():
     assert figures["ratios"] == [0.9, 1.2, 1.5], "a pair where one missed the target: over whole runs"
     assert figures["speedup"] == figures["pipeline_over_in_process"] == 1.2
     assert figures["steps_ratio"] == statistics.median([88 / 80, 100 / 80])
+    assert figures["seconds_per_step_ratio"] == pytest.approx(1.0), "level per step but in repeat 3"
+    assert figures["first_step_later_s"] == pytest.approx(1.0), "median of 2, 1 and 0 s later"
     assert figures["measured_on"].startswith("whole runs in 1 of 3")
     assert pipeline_over_in_process(rows[:4])["measured_on"] == "time to target"
 
