@@ -211,9 +211,10 @@ class TrainerConfig(Section):
     keep_versions: int = Field(default=2, ge=1)  # published versions kept besides any still being pulled
     # Mixed precision (Hugging Face Accelerate's name for it): "bf16" runs the forward's matrix products
     # in bfloat16 under torch.autocast, and so their backward; weights, gradients and Adam's state stay
-    # float32 and logprobs are taken in float32. "no": float32 throughout. On a CPU it pays where the CPU
-    # has bf16 instructions (avx512_bf16, AMX; the trainer logs whether it has); `rollart bench
-    # trainer-step` times a run's steps both ways.
+    # float32, and so does the output layer where logprobs are taken (a plain linear head; another head's
+    # bfloat16 logits are cast to float32). "no": float32 throughout. On a CPU it pays where the CPU has bf16 instructions
+    # (avx512_bf16, AMX; the trainer's log says "native bf16: yes/no"); `rollart bench trainer-step`
+    # times a run's steps both ways.
     mixed_precision: Literal["no", "bf16"] = "no"
     # CPU plan: torch's intra-op threads in the trainer (None: torch's default, one per core); on a
     # machine it shares with an engine, fewer threads than cores keep the two from fighting
@@ -232,7 +233,7 @@ class TrainerConfig(Section):
     def _megatron_mixed_precision_on_cuda(self) -> "TrainerConfig":
         # Megatron-core's linear layers carry autocast into their backward for CUDA only: on a CPU their
         # backward multiplies a bfloat16 gradient by a float32 weight and fails mid-step
-        if self.backend == "megatron" and self.mixed_precision != "no" and self.device == "cpu":
+        if self.backend == "megatron" and self.mixed_precision != "no" and (self.device or "").startswith("cpu"):
             raise ValueError("trainer.mixed_precision: bf16 with trainer.backend megatron needs device cuda "
                              "(Megatron-core's layers keep autocast in their backward on CUDA only)")
         return self

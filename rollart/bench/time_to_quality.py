@@ -120,7 +120,7 @@ def pipeline_over_in_process(rows: list[dict]) -> dict[str, Any]:
     """Each repeat's pipeline time over its in-process time to the target (over the whole runs where
     either missed it); the headline is their median. Beside it, its parts, medians too: the steps ratio
     (repeats where both reached it), the seconds-per-step ratio and how much later the pipeline's first
-    step came: time to target ~ first step + steps x seconds per step."""
+    step came (every repeat, over whole runs): time to target ~ first step + steps x seconds per step."""
     ratios, steps, per_step, first_delay, whole = [], [], [], [], 0
     for repeat in sorted({r["repeat"] for r in rows}):
         pipe, local = (next(r for r in rows if r["repeat"] == repeat and r["mode"] == mode)

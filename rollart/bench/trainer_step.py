@@ -63,6 +63,9 @@ def _measure(config: RollartConfig, run: Path, steps: int, torch_threads: int | 
     torch_threads = torch_threads or rows[-1].get("torch_threads")  # the run's own thread count by default
     if torch_threads is not None:
         config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"torch_threads": torch_threads})})
+    if rows[-1].get("mixed_precision"):  # the run's own precision first (records since it was kept)
+        config = config.model_copy(update={"trainer": config.trainer.model_copy(
+            update={"mixed_precision": rows[-1]["mixed_precision"]})})
     threads_before = torch.get_num_threads()
     try:
         return _replay(build_backend(config), config, rows)
@@ -75,16 +78,16 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
     of ``trainer.mixed_precision``: what bf16 would save this run's trainer on these cores."""
     import torch
 
+    from rollart.training.torch_backend import autocast_dtype, cpu_has_bf16
+
     in_run = [row["train_s"] for row in rows]
     precision = config.trainer.mixed_precision
     other = "bf16" if precision == "no" else "no"
     alone = _timed_steps(backend, config, rows)
-    backend.mixed_precision = torch.bfloat16 if other == "bf16" else None
+    backend.mixed_precision = autocast_dtype(other, backend.device)
     alone_other = _timed_steps(backend, config, rows)
     ratio = statistics.mean(in_run) / statistics.mean(alone)
     bf16, fp32 = (alone_other, alone) if other == "bf16" else (alone, alone_other)
-    from rollart.training.torch_backend import cpu_has_bf16
-
     return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
             "bf16_over_fp32": statistics.mean(bf16) / statistics.mean(fp32),
             "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(), "mixed_precision": precision,

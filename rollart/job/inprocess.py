@@ -84,7 +84,8 @@ class InProcessLoop:
         samples, staleness, metrics, train_s = await train_groups(self.backend, batch, self.config,
                                                                   version=self.version, pad_id=self.pad_id)
         row = step_record(step=step, version=self.version, samples=samples, staleness=staleness, metrics=metrics,
-                          wait_s=rollout_s, train_s=train_s, buffer=self.buffer)
+                          wait_s=rollout_s, train_s=train_s, buffer=self.buffer,
+                          mixed_precision=self.config.trainer.mixed_precision)
         row["sync_s"] = round(await self._load_weights(), 6)
         self.record.append_record(row)
         log.info("step %d: reward %.3f success %.2f (%.2fs rollout, %.2fs train, %.2fs weights)", step,

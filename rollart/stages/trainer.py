@@ -246,7 +246,8 @@ class TrainerStage:
         trained_ids = [s.trajectory.traj_id for s in samples]
         self.recent.append(trained_ids)
         row = step_record(step=self.state.step, version=self.version, samples=samples, staleness=staleness,
-                          metrics=metrics, wait_s=wait_s, train_s=train_s, buffer=self.buffer)
+                          metrics=metrics, wait_s=wait_s, train_s=train_s, buffer=self.buffer,
+                          mixed_precision=cfg.mixed_precision)
         self.checkpoints.append_record(row)  # before the checkpoint: a resume cuts rows it does not cover
         if self.tracking:
             await asyncio.to_thread(self.tracking.log, self.state.step, row)
@@ -326,18 +327,19 @@ def token_staleness_mean(samples: list[ScoredTrajectory], version: int) -> float
     generated tokens. ``staleness_mean`` counts from each trajectory's start; with in-flight weight
     updates (``generation.on_weight_update``) a trajectory's later turns come from newer weights, and
     this says how far off-policy the batch's tokens were when trained (0: all from the trained weights)."""
+    import numpy as np
+
     total = count = 0
     for s in samples:
-        t = s.trajectory
-        for made_by, generated in zip(t.versions, t.loss_mask):
-            if generated:
-                total += max(version - made_by, 0)
-                count += 1
+        generated = np.frombuffer(s.trajectory.loss_mask, dtype=np.uint8) > 0
+        made_by = np.frombuffer(s.trajectory.versions, dtype=np.int32)[generated]
+        total += int(np.maximum(version - made_by, 0).sum())
+        count += len(made_by)
     return total / count if count else 0.0
 
 
 def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict,
-                wait_s: float, train_s: float, buffer: SampleBuffer) -> dict:
+                wait_s: float, train_s: float, buffer: SampleBuffer, mixed_precision: str) -> dict:
     """One row of the trainer's record (``record.jsonl``) for a trained batch; the in-process loop of
     ``rollart bench time-to-quality`` writes the same rows, so both runs are read by one reader."""
     rewards = [s.reward for s in samples]
@@ -355,7 +357,7 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         # the batch's shape, so `rollart bench trainer-step` can time the same step alone
         "lengths": [len(s.trajectory.token_ids) for s in samples],
         "generated": [int(sum(s.trajectory.loss_mask)) for s in samples],
-        "torch_threads": _torch_threads(),
+        "torch_threads": _torch_threads(), "mixed_precision": mixed_precision,
         "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
         "buffer_groups": len(buffer),
         "dropped": {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,

@@ -125,9 +125,23 @@ def test_async_runs_a_training_job_pinned_and_measures_it(tmp_path, stack, tiny_
         assert not set(data["pinning"]["generation"]) & set(data["pinning"]["trainer"])
 
 
-async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_model):
-    """The record keeps each step's shape; the bench times the same shapes alone beside the run's time."""
+async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_model, monkeypatch):
+    """The record keeps each step's shape; the bench times the same shapes alone beside the run's time,
+    in the run's precision and then in the other one."""
     import json
+
+    import torch
+
+    from rollart.training.torch_backend import TorchBackend
+
+    autocast_seen: list[bool] = []
+    forward = TorchBackend._micro_loss
+
+    def recording(self, micro):
+        autocast_seen.append(torch.is_autocast_enabled("cpu"))
+        return forward(self, micro)
+
+    monkeypatch.setattr(TorchBackend, "_micro_loss", recording)
 
     from rollart.bench.trainer_step import bench_trainer_step, shaped_batch
     from rollart.config import build_config
@@ -150,6 +164,15 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
     assert result["setup"]["mixed_precision"] == "no" and result["rows"][2]["mode"] == "alone, mixed_precision bf16"
     assert result["bf16_over_fp32"] == pytest.approx(result["rows"][2]["step_s_mean"] / alone)
+    half = len(autocast_seen) // 2
+    assert autocast_seen == [False] * half + [True] * half, "float32 steps, then the same steps under bf16"
+    # a run recorded in bf16 replays in bf16 first, whatever the bench's own config says
+    rows = [{**r, "mixed_precision": "bf16"} if "event" not in r else r for r in rows]
+    (tmp_path / "run" / "checkpoints" / "record.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    autocast_seen.clear()
+    result = await bench_trainer_step(config, tmp_path, run=tmp_path / "run", steps=2)
+    assert result["setup"]["mixed_precision"] == "bf16" and result["rows"][2]["mode"] == "alone, mixed_precision no"
+    assert autocast_seen == [True] * half + [False] * half
     with pytest.raises(ValueError, match="no step carries its batch shape"):
         await bench_trainer_step(config, tmp_path, run=tmp_path / "empty")
 

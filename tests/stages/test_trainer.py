@@ -105,6 +105,9 @@ async def test_trains_publishes_and_announces_each_version(trainer, loops, redis
     rows = trainer.steps()
     assert [r["samples"] for r in rows] == [4, 4]
     assert all(r["staleness_max"] <= 1 for r in rows)
+    # every token of these samples is from its trajectory's start version: both measures agree
+    assert [r["token_staleness_mean"] for r in rows] == [r["staleness_mean"] for r in rows]
+    assert all(r["mixed_precision"] == "no" for r in rows)
     assert trainer.checkpoints.latest().name == "step-2"
     state = json.loads((trainer.checkpoints.latest() / "trainer.json").read_text())
     assert state["version"] == 2 and len(state["trained_ids"]) == 8

@@ -201,9 +201,9 @@ def test_a_kl_or_entropy_term_trains_every_row(tiny_model):
 
 
 def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_float32_weights_and_logprobs(tiny_model):
-    """``trainer.mixed_precision: bf16``: the linear layers compute in bfloat16; the weights, their
-    gradients and the logprobs the loss is taken on stay float32; and the gradient is the float32 one's
-    up to bfloat16's rounding (8 bits of mantissa)."""
+    """``trainer.mixed_precision: bf16``: the decoder's linear layers compute in bfloat16; the output
+    layer, the weights, their gradients and the logprobs the loss is taken on stay float32; and the
+    gradient is the float32 one's up to bfloat16's rounding (8 bits of mantissa)."""
     from rollart.config import RollartConfig
     from rollart.stages.trainer import build_backend
 
@@ -214,10 +214,13 @@ def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_float32_weights
         backend = build_backend(config)
         assert backend.mixed_precision == (torch.bfloat16 if precision == "bf16" else None)
         computed: list[torch.dtype] = []
+        head: list[torch.dtype] = []
         linear = next(m for m in backend.model.modules() if isinstance(m, torch.nn.Linear))
         linear.register_forward_hook(lambda _m, _i, out, seen=computed: seen.append(out.dtype))
+        backend.model.get_output_embeddings().register_forward_hook(lambda _m, _i, out, seen=head: seen.append(out.dtype))
         gradient, metrics = _gradient(backend, batch, 4)
         assert set(computed) == {torch.bfloat16 if precision == "bf16" else torch.float32}
+        assert set(head) == {torch.float32}, "the output layer, where logprobs are taken, stays float32"
         assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in backend.model.parameters())
         with backend.autocast():
             assert token_logprobs(backend.model, batch.input_ids, batch.attention_mask).dtype == torch.float32
