@@ -229,6 +229,11 @@ class TrainerConfig(Section):
     dist_timeout_s: float = Field(default=120.0, ge=4)
     seed: int = 0
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: object) -> object:
+        return "no" if value is False else value  # YAML 1.1 reads an unquoted `no` as false
+
     @model_validator(mode="after")
     def _megatron_mixed_precision_on_cuda(self) -> "TrainerConfig":
         # Megatron-core's linear layers carry autocast into their backward for CUDA only: on a CPU their

@@ -174,3 +174,8 @@ def test_megatron_mixed_precision_on_a_cpu_is_refused_at_load_naming_the_field(t
     for trainer in ("  backend: torch\n  device: cpu\n", "  backend: megatron\n  device: cuda\n"):
         path.write_text(f"trainer:\n{trainer}  mixed_precision: bf16\n")
         assert load_config(path).trainer.mixed_precision == "bf16"
+    path.write_text("trainer:\n  mixed_precision: no\n")  # YAML 1.1's false, as Accelerate's configs write it
+    assert load_config(path).trainer.mixed_precision == "no"
+    path.write_text("trainer:\n  mixed_precision: yes\n")
+    with pytest.raises(ConfigError, match="trainer.mixed_precision"):
+        load_config(path)
