@@ -630,6 +630,14 @@ class StageScheduling(Section):
     # before a rollout thread that woke on its core gets a turn: 20 ms made demo steps 0.93-0.94x as
     # long (README, CPU plan). Normal and batch policies only: the kernel ignores it under idle.
     slice_ms: float | None = Field(default=None, ge=0.1, le=100)
+    # The policy a member starts under, at the runner's niceness, until its readiness probe (/readyz)
+    # passes; then the setting above (None: the setting above from the start). A generation member's
+    # start (torch, vLLM, its engine) is the run's critical path; the other stages' starts are not.
+    startup_policy: Literal["normal", "batch", "idle"] | None = None
+
+    def at_startup(self) -> "StageScheduling":
+        """How the stage's members are scheduled while they start."""
+        return self if self.startup_policy is None else StageScheduling(policy=self.startup_policy)
 
     @model_validator(mode="after")
     def _slice_needs_a_fair_policy(self) -> "StageScheduling":

@@ -33,8 +33,8 @@ from rollart.job.report import build_report, eval_record, read_evals, write_repo
 from rollart.local.endpoints import job_endpoints, run_config
 from rollart.local.observer import RunObserver, observing
 from rollart.local.processes import StageProcesses, write_prometheus_config
-from rollart.local.supervision import (schedule_stack, shared_machine_threads, stage_scheduling, start_stages, supervise,
-                                      write_pids)
+from rollart.local.supervision import (schedule_stack, settle_startups, shared_machine_threads, stage_scheduling,
+                                      start_stages, supervise, write_pids)
 from rollart.models.tiny import ensure_model
 from rollart.runtime import open_runtime
 from rollart.stages.feeder import sources_from
@@ -169,6 +169,7 @@ async def _follow(cfg: RollartConfig, procs: StageProcesses, monitor: RunObserve
                 return
             await _scale(scaler, rt.redis, opts.out / "retired.json")
             supervise(procs, restarts, opts.max_restarts)
+            settle_startups(procs)
             write_pids(procs, opts.out / "pids.json")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{shown} of {opts.steps} steps in {opts.timeout_s:.0f}s")

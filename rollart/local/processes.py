@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,19 @@ def _sched_attr_call(get: bool, tid: int, attr: _SchedAttr) -> None:
     if libc.syscall(calls[get], tid, ctypes.byref(attr), *size, 0) != 0:
         err = ctypes.get_errno()
         raise (ProcessLookupError if err == errno.ESRCH else OSError)(err, os.strerror(err))
+
+
+def may_leave_idle(nice: int) -> bool:
+    """Whether this process may move a thread of its children at niceness ``nice`` from ``SCHED_IDLE``
+    back to a fair policy: sched_setscheduler(2) allows it with CAP_SYS_NICE, or where RLIMIT_NICE
+    would allow that niceness."""
+    import resource
+
+    if 20 - nice <= resource.getrlimit(resource.RLIMIT_NICE)[0]:
+        return True
+    with open("/proc/self/status") as status:
+        effective = next((int(line.split()[1], 16) for line in status if line.startswith("CapEff:")), 0)
+    return bool(effective >> 23 & 1)  # CAP_SYS_NICE
 
 
 def thread_slice_ns(tid: int) -> int:
@@ -116,6 +130,10 @@ class StageProcesses:
     # compute threads (torch, OpenMP, vLLM's CPU binding) as CPUs
     cpu_affinity: dict[str, tuple[int, ...]] = field(default_factory=dict)
     scheduling: dict[str, StageScheduling] = field(default_factory=dict)  # stage -> machine.scheduling
+    # Members still under their stage's start-up policy (StageScheduling.startup_policy), with the
+    # scheduling they take once their readiness probe passes (rollart.local.supervision.settle_startups).
+    # Only where stages serve their probes (metrics_targets); elsewhere they start under their run's.
+    starting: dict[str, StageScheduling] = field(default_factory=dict)
     # (stage, pool) -> environment of that stage only (its own Kafka login on a secured stack)
     stage_env: dict[tuple[str, str | None], dict[str, str]] = field(default_factory=dict)
     # Members scaled away (SIGTERM sent: they drain, commit and leave their groups), no longer
@@ -143,20 +161,37 @@ class StageProcesses:
         pool = args[args.index("--pool") + 1] if "--pool" in args else None
         env.update(self.stage_env.get((stage, pool), {}))
         cpus, scheduling = self.cpu_affinity.get(stage), self.scheduling.get(stage, StageScheduling())
+        self.starting.pop(name, None)
+        if self.metrics_targets is not None and scheduling.startup_policy is not None:
+            self.starting[name], scheduling = scheduling, scheduling.at_startup()
         if cpus:
             env.update(OMP_NUM_THREADS=str(len(cpus)), VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cpus)))
         if self.metrics_targets is not None:
             env.update(ROLLART_METRICS_PORT=str(self._metrics_port(name, stage)), ROLLART_METRICS_HOST="127.0.0.1")
         parent = os.getpid()
 
+        # A process group of its own (the shell's Ctrl-C does not reach it; reap_group kills the group) in
+        # the runner's session: Linux's autogroup shares the CPU between sessions before their threads,
+        # so in a session of its own a stage got a session's share whatever machine.scheduling said.
         def popen() -> subprocess.Popen:
             with open(process.log, "ab") as out:
                 return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,  # own group
+                                        stdin=subprocess.DEVNULL, process_group=0,
                                         preexec_fn=lambda: _in_child(cpus, parent, scheduling))
         process.proc = on_lasting_thread(popen)  # the death signal follows the forking thread
         self.stages[name] = process
         return process
+
+    def ready(self, name: str, timeout_s: float = 0.25) -> bool:
+        """Whether member ``name`` answers its readiness probe (``/readyz``, rollart.health) with 200."""
+        if name not in self.metrics_ports:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[name][1]}/readyz",
+                                        timeout=timeout_s) as answer:
+                return bool(answer.status == 200)
+        except OSError:  # refused (not serving yet), 503 (HTTPError), or too slow to answer
+            return False
 
     def _metrics_port(self, name: str, stage: str) -> int:
         from rollart.local.stack import free_port

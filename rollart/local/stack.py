@@ -115,10 +115,12 @@ def _spawn(argv: list[str], log: Path, detached: bool = False) -> subprocess.Pop
 
     def popen() -> subprocess.Popen:
         with open(log, "ab") as out:
-            # A new session either way: the shell's Ctrl-C reaches neither a detached stack nor a
-            # runner's, which the runner stops itself after the stages that commit to it.
+            # A process group of its own either way: the shell's Ctrl-C reaches neither a detached stack
+            # nor a runner's, which the runner stops itself after the stages that commit to it. A runner's
+            # stays in its session: Linux's autogroup shares the CPU between sessions first, and the
+            # run's machine.scheduling.stack must weigh against its stages (README, "Stage scheduling").
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True,
+                                    env=env, **({"start_new_session": True} if detached else {"process_group": 0}),
                                     preexec_fn=None if detached else lambda: die_with_parent(signal.SIGKILL, parent))
     return popen() if detached else on_lasting_thread(popen)
 

@@ -5,13 +5,16 @@ its last checkpoint) up to a limit; the CPU plan of stages sharing one machine."
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import Counter
 from pathlib import Path
 
 from rollart.config import ConfigError, RollartConfig, StageScheduling
-from rollart.local.processes import StageProcesses, apply_scheduling
+from rollart.local.processes import StageProcesses, apply_scheduling, may_leave_idle
 from rollart.stages.registry import STAGES, local_processes
+
+log = logging.getLogger(__name__)
 
 
 def start_stages(procs: StageProcesses, cfg: RollartConfig, members: dict[str, int], *, training: bool,
@@ -33,6 +36,23 @@ def supervise(procs: StageProcesses, restarts: Counter, max_restarts: int) -> No
         if name == "trainer" and "--resume" not in argv:
             argv.append("--resume")
         procs.start(name, *argv)
+
+
+def settle_startups(procs: StageProcesses) -> list[str]:
+    """Members whose readiness probe passed since the last call, each moved (every thread of it and of
+    its children) from its stage's start-up policy to its run scheduling. Lowering a priority needs no
+    privilege, so a start-up policy above the run's works for any user."""
+    settled = []
+    for name, setting in list(procs.starting.items()):
+        process = procs.stages.get(name)
+        if process is None or not process.alive():  # gone; a restart puts it back under its start-up policy
+            del procs.starting[name]
+        elif procs.ready(name):
+            threads = schedule_threads([process.proc.pid], setting, os.nice(0))
+            del procs.starting[name]
+            settled.append(name)
+            log.info("%s is ready: %d threads now %s", name, threads, setting.policy)
+    return settled
 
 
 def write_pids(procs: StageProcesses, path: Path) -> None:
@@ -64,7 +84,17 @@ def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
     if unknown:
         raise ConfigError(f"machine.scheduling: {', '.join(unknown)} is not a stage; the stages are "
                           f"{', '.join(STAGES)}, and {STACK} is the local stack's services")
-    return dict(config.machine.scheduling)
+    return {stage: _startup_allowed(stage, setting) for stage, setting in config.machine.scheduling.items()}
+
+
+def _startup_allowed(stage: str, setting: StageScheduling) -> StageScheduling:
+    """``setting``, without its start-up policy where the runner could not take the stage out of it:
+    leaving SCHED_IDLE for a fair policy needs CAP_SYS_NICE (or RLIMIT_NICE)."""
+    if setting.startup_policy != "idle" or setting.policy == "idle" or may_leave_idle(os.nice(0) + setting.nice):
+        return setting
+    log.warning("machine.scheduling.%s.startup_policy: idle is ignored; moving the stage out of SCHED_IDLE once "
+                "it is ready needs CAP_SYS_NICE, which this process lacks: it starts as policy %s", stage, setting.policy)
+    return setting.model_copy(update={"startup_policy": None})
 
 
 def schedule_threads(pids: list[int], setting: StageScheduling, base_nice: int) -> int:

@@ -6,7 +6,7 @@ the runner, nor any process naming the test's folder (a stage's --config, a serv
 mark) may be left. `rollout` (SIGKILL), `chaos` (SIGTERM), `soak` (SIGINT) and `bench` (SIGKILL) are
 each stopped one of the three ways once their stack is up, and a test checks that every runner gets
 the SIGTERM handling; the SIGKILL run checks on the way that its stages run at the niceness
-and policy ``machine.scheduling`` gives them. Two more: a service forked from a passing thread outlives that thread (the
+and policy ``machine.scheduling`` gives them, in the runner's session (so that those count between them). Two more: a service forked from a passing thread outlives that thread (the
 death signal follows the forking thread), and a stack's next start reaps a dead owner's leftovers.
 
 Cost (a CI on 2 cores): SIGINT and SIGTERM arrive once the stack is up, before the stages start
@@ -154,6 +154,8 @@ def test_rollart_run_leaves_nothing_behind(sig, broker, once, tiny_model, tmp_pa
             threads = [int(t) for pid in stack_pids(out / "stack" / STACK_FILE) for t in os.listdir(f"/proc/{pid}/task")]
             assert {(os.getpriority(os.PRIO_PROCESS, t) - os.nice(0), os.sched_getscheduler(t)) for t in threads} \
                 == {(4, os.SCHED_BATCH)}, "every thread of the run's own stack (the broker's JVM too) as `stack` says"
+            # Linux's autogroup shares the CPU between sessions before their threads' policies count
+            assert {os.getsid(pid) for pid in pids} == {os.getsid(proc.pid)}, "stages and stack: the runner's session"
         code, below = stop(proc, sig)
     finally:
         if proc.poll() is None:
