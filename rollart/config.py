@@ -653,12 +653,12 @@ class MachineConfig(Section):
 
     # stage -> its scheduling. Keys are stage names, checked when a run starts (the stages are
     # declared in rollart.stages.registry), and "stack": the local stack's services a run starts for
-    # itself (broker, Redis, Mooncake). A stage not named runs as the runner does. Favouring the
-    # trainer when it is the loop's bottleneck on a small machine, every other stage at nice 10 and
-    # SCHED_BATCH, made demo steps 0.91-0.92x as long; the stack's services there too, 0.94-0.96x as
-    # long again; the stages under SCHED_IDLE instead, 0.91x again (configs/demo.yaml; README, CPU
-    # plan). Not the default: it puts a busy trainer before everything else, a member scaled up
-    # mid-run included. On Kubernetes each stage's CPU request plays this part.
+    # itself (broker, Redis, Mooncake). A stage not named runs as the runner does. The stages and the
+    # stack share the runner's session, so these weigh between them (Linux's autogroup shares the CPU
+    # between sessions first). The rollout stages at nice 5 and SCHED_BATCH made demo steps 0.88-0.95x
+    # as long; SCHED_IDLE starved the rollout, 1.10x (configs/demo.yaml; README, "Stage scheduling").
+    # Not the default: it puts a busy trainer before everything else, a member scaled up mid-run
+    # included. On Kubernetes each stage's CPU request plays this part.
     scheduling: dict[str, StageScheduling] = Field(default_factory=dict)
 
 
