@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollart.config import MachineConfig, RollartConfig, StageScheduling
+from rollart.local.processes import may_raise_priority
 from rollart.local.supervision import STACK, own_stack_pids, schedule_threads
 
 # every stage but the trainer, the local stack's services, or the trainer
@@ -46,10 +47,8 @@ def is_switched(stage: str, switched: Switched) -> bool:
 
 
 def can_lower_niceness() -> bool:
-    """Whether this process may set a niceness back down to its own (root, or RLIMIT_NICE allows it)."""
-    import resource
-
-    return os.geteuid() == 0 or 20 - resource.getrlimit(resource.RLIMIT_NICE)[0] <= os.nice(0)
+    """Whether this process may set a niceness back down to its own (CAP_SYS_NICE, or RLIMIT_NICE allows it)."""
+    return may_raise_priority(os.nice(0))
 
 
 def block_figures(rows: list[dict], switches: list[tuple[int, str]]) -> list[tuple[str, float]]:

@@ -54,10 +54,10 @@ def _sched_attr_call(get: bool, tid: int, attr: _SchedAttr) -> None:
         raise (ProcessLookupError if err == errno.ESRCH else OSError)(err, os.strerror(err))
 
 
-def may_leave_idle(nice: int) -> bool:
-    """Whether this process may move a thread of its children at niceness ``nice`` from ``SCHED_IDLE``
-    back to a fair policy: sched_setscheduler(2) allows it with CAP_SYS_NICE, or where RLIMIT_NICE
-    would allow that niceness."""
+def may_raise_priority(nice: int) -> bool:
+    """Whether this process may raise a thread of its children to niceness ``nice`` (below the thread's
+    own), or move it at ``nice`` from ``SCHED_IDLE`` back to a fair policy: sched_setscheduler(2) and
+    setpriority(2) allow both with CAP_SYS_NICE, or where RLIMIT_NICE allows that niceness."""
     import resource
 
     if 20 - nice <= resource.getrlimit(resource.RLIMIT_NICE)[0]:

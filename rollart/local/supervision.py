@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from rollart.config import ConfigError, RollartConfig, StageScheduling
-from rollart.local.processes import StageProcesses, apply_scheduling, may_leave_idle
+from rollart.local.processes import StageProcesses, apply_scheduling, may_raise_priority
 from rollart.stages.registry import STAGES, local_processes
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
 def _startup_allowed(stage: str, setting: StageScheduling) -> StageScheduling:
     """``setting``, without its start-up policy where the runner could not take the stage out of it:
     leaving SCHED_IDLE for a fair policy needs CAP_SYS_NICE (or RLIMIT_NICE)."""
-    if setting.startup_policy != "idle" or setting.policy == "idle" or may_leave_idle(os.nice(0) + setting.nice):
+    if setting.startup_policy != "idle" or setting.policy == "idle" or may_raise_priority(os.nice(0) + setting.nice):
         return setting
     log.warning("machine.scheduling.%s.startup_policy: idle is ignored; moving the stage out of SCHED_IDLE once "
                 "it is ready needs CAP_SYS_NICE, which this process lacks: it starts as policy %s", stage, setting.policy)

@@ -131,7 +131,7 @@ def test_a_start_up_under_idle_is_dropped_where_the_runner_could_not_leave_it(mo
     config = build_config({"machine": {"scheduling": {"trainer": {"startup_policy": "idle"},
                                                       "generation": {"policy": "idle", "startup_policy": "normal"}}}})
     assert stage_scheduling(config)["trainer"].startup_policy == "idle"
-    monkeypatch.setattr(supervision, "may_leave_idle", lambda nice: False)
+    monkeypatch.setattr(supervision, "may_raise_priority", lambda nice: False)
     plan = stage_scheduling(config)
     assert plan["trainer"] == StageScheduling(), "idle at start-up dropped: it starts under its run policy"
     assert plan["generation"].startup_policy == "normal", "out of a higher policy needs no privilege"
