@@ -276,7 +276,7 @@ class GenerationConfig(Section):
     seed: int = 0
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)
     # How a turn reaches the engine. "bus": GenerationRequest on gen.requests.<pool>, the result on
-    # env.actions. "direct": each member also serves turns on a ZeroMQ socket it advertises in the pool
+    # env.actions. "direct": each member also serves turns on a TCP socket it advertises in the pool
     # registry; env members send there, over the bus only what no member can take (rollart/rollout/direct.py).
     transport: Literal["bus", "direct"] = "bus"
     direct_bind_host: str = "127.0.0.1"  # "0.0.0.0" in a pod (deploy/ renders it with the pod's IP advertised)

@@ -1,4 +1,4 @@
-"""The direct turn path's transport (rollart.rollout.direct) over real ZeroMQ sockets on loopback.
+"""The direct turn path's transport (rollart.rollout.direct) over real TCP connections on loopback.
 
 The members here answer with a plain async function in place of the generation stage's ``serve``
 (the stage with the vLLM engine behind it is tested in tests/stages/test_direct_rollout.py).
@@ -14,7 +14,7 @@ from zlib import crc32
 import pytest
 
 from rollart.messages import Abort, Float32Array, GenerationRequest, GenerationResult, Int32Array, SamplingParams
-from rollart.rollout.direct import DIRECT_TURNS, DirectClient, DirectServer, advertised_host
+from rollart.rollout.direct import DIRECT_TURNS, DirectClient, DirectServer, FrameError, Frames, advertised_host
 
 
 def request(traj_id: str = "g0-t0", attempt: int = 0, turn: int = 0) -> GenerationRequest:
@@ -227,4 +227,67 @@ async def test_sockets_of_members_no_longer_live_are_closed(client):
         assert delivery is not None and delivery.result.instance == "alive"
     finally:
         await gone.stop()
+        await alive.stop()
+
+
+def test_frames_are_rebuilt_from_reads_of_any_size_and_a_bad_length_is_refused():
+    messages = [[b"id-1", b"request", b"", b"x" * 300], [b"ping"], [b"", b"abort", b"s", b"\x00\x01"], []]
+    stream = b"".join(Frames.pack(m) for m in messages)
+    for size in (1, 7, len(stream)):
+        frames, received = Frames(), []
+        for at in range(0, len(stream), size):
+            received += frames.feed(stream[at:at + size])
+        assert received == messages
+    with pytest.raises(FrameError):
+        Frames().feed(b"\xff\xff\xff\xff\x01")  # 4 GiB announced
+    with pytest.raises(FrameError):
+        Frames().feed(b"\x00\x00\x00\x05\x01\x00\x00\x00\x09")  # a part longer than its frame
+
+
+async def test_a_member_that_falls_silent_counts_as_gone_after_three_heartbeats():
+    """A member that accepts the connection and then answers nothing (a stopped process: its kernel
+    still keeps the connection) is dropped after three heartbeats; the turn goes to the other member."""
+    async def accept_and_say_nothing(reader, writer):
+        await asyncio.sleep(60)
+
+    silent = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
+    silent_address = f"tcp://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    alive = Member("alive")
+    client = DirectClient(timeout_s=10.0, heartbeat_ms=100)
+    addresses = [silent_address, alive.server.address]
+    traj = next(f"g0-t{i}" for i in range(50) if sorted(addresses)[crc32(f"g0-t{i}".encode()) % 2] == silent_address)
+    try:
+        started = time.monotonic()
+        delivery, next_attempt = await asyncio.wait_for(
+            client.request(addresses, lambda attempt: request(traj, attempt)), 5.0)
+        assert delivery is not None and delivery.result.instance == "alive" and next_attempt == 2
+        assert 0.25 < time.monotonic() - started < 3.0  # three 100 ms heartbeats, not the 10 s timeout
+        assert not client.peers[silent_address].up.is_set()
+    finally:
+        await client.close()
+        await alive.stop()
+        silent.close()
+
+
+async def test_a_request_that_arrives_after_stop_is_handed_back_and_asked_elsewhere(client):
+    stopping, alive = Member("stopping", behaviour="hang"), Member("alive")
+    addresses = [stopping.server.address, alive.server.address]
+    mine = [f"g0-t{i}" for i in range(50)
+            if sorted(addresses)[crc32(f"g0-t{i}".encode()) % 2] == stopping.server.address][:2]
+    try:
+        held = asyncio.create_task(client.request(addresses, lambda a: request(mine[0], a)))
+        for _ in range(200):
+            if stopping.served:
+                break
+            await asyncio.sleep(0.01)
+        stopping.server.stop()  # still answering the one it holds
+        delivery, next_attempt = await asyncio.wait_for(
+            client.request(addresses, lambda a: request(mine[1], a)), 5.0)
+        assert delivery is not None and delivery.result.instance == "alive" and next_attempt == 2
+        assert [r.traj_id for r in stopping.served] == [mine[0]]
+        stopping.release.set()
+        delivery, _ = await asyncio.wait_for(held, 5.0)
+        assert delivery is not None and delivery.result.instance == "stopping"
+    finally:
+        await stopping.stop()
         await alive.stop()
