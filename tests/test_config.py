@@ -28,6 +28,7 @@ def test_yaml_with_env_overrides(tmp_path, monkeypatch):
         ("kafka:\n  security_protocol: SASL_WHATEVER\n", "kafka.security_protocol"),
         ("nonsense: 1\n", "nonsense"),
         ("generation:\n  omp_threads_bind: cores-0-1\n", "generation.omp_threads_bind"),
+        ("generation:\n  block_size: 0\n", "generation.block_size"),
         ("trainer:\n  torch_threads: 0\n", "trainer.torch_threads"),
         ("trainer:\n  dual_clip: 0.9\n", "trainer.dual_clip"),
         ("trainer:\n  mixed_precision: fp16\n", "trainer.mixed_precision"),

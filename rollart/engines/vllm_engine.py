@@ -86,7 +86,7 @@ class VLLMEngine:
                                    max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,
                                    gpu_memory_utilization=self.config.gpu_memory_utilization,
                                    max_num_seqs=self.config.max_concurrency, distributed_executor_backend=executor,
-                                   scheduling_policy=policy,
+                                   scheduling_policy=policy, block_size=self.config.block_size,
                                    worker_extension_cls="rollart.engines.weight_loader.WeightLoaderExtension")
             self._engine = AsyncLLM.from_engine_args(args)
         _pin_special_token_ids(getattr(getattr(self._engine, "renderer", None), "tokenizer", None))

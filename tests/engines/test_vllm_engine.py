@@ -147,3 +147,39 @@ async def test_oldest_groups_turns_are_served_first_when_the_engine_is_full(tiny
         assert finished == ["oldest", "middle", "newest"]
     finally:
         engine.shutdown()
+
+
+async def _cached_tokens(engine, prompt_ids: list[int], request_id: str) -> int:
+    """The prompt tokens vLLM found in its prefix cache for this request."""
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    from rollart.engines.vllm_engine import _token_prompt
+
+    final = None
+    async for output in engine._engine.generate(_token_prompt(prompt_ids), VLLMSamplingParams(max_tokens=1),
+                                                request_id=request_id):
+        final = output
+    return final.num_cached_tokens
+
+
+@pytest.mark.timeout(300)
+async def test_a_turns_context_is_found_in_the_prefix_cache_by_the_configured_block(engine, tiny_model):
+    """A turn re-sends its trajectory's context: vLLM finds only the blocks the earlier turn filled
+    whole. With ``generation.block_size: 32`` a 100-token first turn leaves 96 tokens for the next to
+    reuse; with the CPU platform's default (128, the suite's engine) it leaves none."""
+    from rollart.engines.vllm_engine import VLLMEngine
+
+    first = [(7 * i) % 300 + 5 for i in range(100)]
+    second = first + [(11 * i) % 300 + 5 for i in range(60)]
+    assert engine._engine.vllm_config.cache_config.block_size == 128
+    await _cached_tokens(engine, first, "default-1")
+    assert await _cached_tokens(engine, second, "default-2") == 0
+
+    small = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=8, max_model_len=512, executor="uni",
+                                                    block_size=32))
+    await small.start()
+    try:
+        await _cached_tokens(small, first, "small-1")
+        assert await _cached_tokens(small, second, "small-2") == 96
+    finally:
+        small.shutdown()
