@@ -255,7 +255,7 @@ class GenerationConfig(Section):
     kv_cache_gb: float = Field(default=1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU
     # Tokens per KV-cache block, the unit of vLLM's prefix cache; None: vLLM's default for the platform
     # (128 on CPU, 16 on GPUs). An agent's turn re-sends its whole context: only the blocks it fills whole
-    # are found in the cache, so with 100-300-token contexts 128 left ~60% of every prompt to compute
+    # are found in the cache, so with 100-300-token contexts 128 left over half of every prompt to compute
     # again (README, "How a rollout flows").
     block_size: int | None = Field(default=None, ge=1, le=1024)
     # CPU: how the engine's internal queue readers wait between steps instead of spinning

@@ -226,7 +226,8 @@ class DirectServer:
             elif self._stopped.is_set():
                 connection.send([parts[0], GONE, b"", b""])
             else:
-                self._spawn(self._answer(connection, *parts[0:1], *parts[2:4]))
+                request_id, _, schema, value = parts
+                self._spawn(self._answer(connection, request_id, schema, value))
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
