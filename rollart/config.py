@@ -167,6 +167,10 @@ class TrainerConfig(Section):
     lr: float = Field(default=5e-4, gt=0)
     micro_batch: int = Field(default=16, ge=1)  # trajectories per forward/backward (gradient accumulation)
     grad_clip: float = Field(default=1.0, gt=0)
+    # The torch backend runs each distinct prefix of a micro-batch's rows once (a group's shared prompt,
+    # turns its members share) and no padding: rollart/training/prefix_tree.py. Same result; a micro-batch
+    # where it would not be cheaper, or an attention without arbitrary masks (flash), runs padded rows.
+    prefix_tree: bool = True
     algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
     advantage_norm: Literal["group", "group_mean", "batch", "none"] = "group"
     # token_mean: every generated token of the batch weighs the same (long trajectories weigh more);

@@ -415,7 +415,7 @@ def build_backend(config: RollartConfig):
         torch.manual_seed(t.seed)
         log.info("torch intra-op threads: %d", torch.get_num_threads())
         backend = TorchBackend(ensure_model(config.model), lr=t.lr, micro_batch=t.micro_batch, device=t.device,
-                               loss=loss_config(config), grad_clip=t.grad_clip)
+                               loss=loss_config(config), grad_clip=t.grad_clip, prefix_tree=t.prefix_tree)
     from rollart.training.torch_backend import autocast_dtype
 
     backend.mixed_precision = autocast_dtype(t.mixed_precision, backend.device)

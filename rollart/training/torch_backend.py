@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from rollart.messages import ScoredTrajectory
+from rollart.training.prefix_tree import TREE_ATTENTION, PrefixTree, tree_states
 from rollart.training.algorithms import (
     PolicyLossConfig,
     combine_metrics,
@@ -40,15 +41,20 @@ class Batch:
     rewards: torch.Tensor  # [B]
     group_ids: list[str]
 
-    def micro_batches(self, rows: Sequence[int], size: int) -> list["Batch"]:
+    def micro_batches(self, rows: Sequence[int], size: int, *, by_prefix: bool = False) -> list["Batch"]:
         """``rows`` in micro-batches of up to ``size``, shortest rows first, each cut to its own longest
         row: collate pads every row to the batch's longest, and a micro-batch of short rows would
         otherwise compute over that padding (in the demo's batches, 15-25% of the padded tokens).
-        Rows are right-padded, so the columns cut carry no token any kept position attends to."""
-        lengths = self.attention_mask.sum(dim=1)
-        order = sorted(rows, key=lambda i: int(lengths[i]))
+        Rows are right-padded, so the columns cut carry no token any kept position attends to.
+        ``by_prefix``: rows in lexicographic order instead, so that rows sharing a prefix (a group's
+        prompt) share a micro-batch (for the prefix-tree forward, which computes no padding)."""
+        lengths = self.attention_mask.sum(dim=1).tolist()
+        if by_prefix:
+            order = sorted(rows, key=lambda i: self.input_ids[i, :lengths[i]].tolist())
+        else:
+            order = sorted(rows, key=lengths.__getitem__)
         chunks = [order[k:k + size] for k in range(0, len(order), size)]
-        return [self._rows(chunk, int(lengths[chunk[-1]])) for chunk in chunks]  # sorted: the last is longest
+        return [self._rows(chunk, max(lengths[i] for i in chunk)) for chunk in chunks]
 
     def _rows(self, rows: list[int], width: int) -> "Batch":
         index = torch.tensor(rows, dtype=torch.long)
@@ -117,25 +123,33 @@ def collate(samples: list[ScoredTrajectory], *, pad_id: int, norm: str = "group"
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False,
-                   where: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                   where: torch.Tensor | None = None,
+                   tree: PrefixTree | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log p(token t+1 | tokens <= t) for every position: ``[B, L-1]`` (and the entropy there).
 
     ``where`` (``[B, L-1]``, the loss mask): the output layer and the softmax over the vocabulary run
     only at those positions; the rest are 0. An agent's turns train a few generated tokens after long
     observations, so most positions need no logits (a model whose head does more than a linear layer,
     such as Gemma's soft-capping, takes the full path). Under mixed precision that output layer runs in
-    float32: logits rounded to bfloat16 (±0.04 at a logit of 20) would move every importance ratio."""
+    float32: logits rounded to bfloat16 (±0.04 at a logit of 20) would move every importance ratio.
+    ``tree`` (the rows' :class:`~rollart.training.prefix_tree.PrefixTree`, with ``where``): the decoder
+    runs each distinct prefix once, and the head each distinct predicted token once."""
     if where is not None and _plain_head(model):
         keep = where.bool()
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        with torch.autocast(hidden.device.type, enabled=False):  # mixed precision: the head in float32
-            logits = model.get_output_embeddings()(hidden[:, :-1][keep].float()).float()
-        log_probs = torch.log_softmax(logits, dim=-1)
-        picked = log_probs.gather(-1, input_ids[:, 1:][keep].unsqueeze(-1)).squeeze(-1)
+        if tree is not None:
+            hidden = tree_states(model.get_decoder(), tree, attn_implementation=model.config._attn_implementation)
+            children, at = torch.unique(tree.paths[:, 1:][keep.cpu()], return_inverse=True)
+            before, targets = tree.parents[children].to(hidden.device), tree.tokens[children].to(hidden.device)
+            at = at.to(hidden.device)
+        else:
+            hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            hidden, before, targets, at = hidden[:, :-1], keep, input_ids[:, 1:][keep], None
+        picked, entropy = _head_logprobs(model, hidden[before], targets, with_entropy)
         spread = torch.zeros(keep.shape, dtype=picked.dtype, device=picked.device)
-        if not with_entropy:
+        if at is not None:  # one value per distinct node: back to every position that predicts it
+            picked, entropy = picked[at], (entropy[at] if entropy is not None else None)
+        if entropy is None:
             return spread.masked_scatter(keep, picked)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
         return spread.masked_scatter(keep, picked), spread.masked_scatter(keep, entropy)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -143,6 +157,16 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if not with_entropy:
         return picked
     return picked, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(target) from the output layer at ``hidden`` (``[K, H]``), in float32 (and the entropy)."""
+    with torch.autocast(hidden.device.type, enabled=False):  # mixed precision: the head in float32
+        logits = model.get_output_embeddings()(hidden.float()).float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked, (-(log_probs.exp() * log_probs).sum(-1) if with_entropy else None)
 
 
 def _plain_head(model) -> bool:
@@ -200,6 +224,7 @@ class AccumulatingBackend:
         raise NotImplementedError
 
     mixed_precision: torch.dtype | None = None  # the forward's autocast dtype (trainer.mixed_precision)
+    prefix_tree: bool = False  # micro-batches of rows sharing prefixes, each run once (trainer.prefix_tree)
 
     def autocast(self) -> torch.autocast:
         """The forward's precision: float32, or ``mixed_precision`` for what autocast lowers (matrix
@@ -223,7 +248,8 @@ class AccumulatingBackend:
         :func:`~rollart.training.algorithms.over_trained_rows`). Rows that carry no gradient are skipped."""
         total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {"loss": 0.0, "trained_fraction": 0.0}
-        for micro in batch.micro_batches(self._rows_with_gradient(batch, rows), self.micro_batch):
+        for micro in batch.micro_batches(self._rows_with_gradient(batch, rows), self.micro_batch,
+                                         by_prefix=self.prefix_tree):
             with self.autocast():
                 loss, m, mask = self._micro_loss(micro)
             share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
@@ -262,7 +288,8 @@ class TorchBackend(AccumulatingBackend):
     logprobs and the behaviour's: no extra forward pass."""
 
     def __init__(self, model_path: str | Path, *, lr: float = 5e-4, micro_batch: int = 8,
-                 device: str | None = None, loss: PolicyLossConfig | None = None, grad_clip: float = 1.0):
+                 device: str | None = None, loss: PolicyLossConfig | None = None, grad_clip: float = 1.0,
+                 prefix_tree: bool = True):
         from transformers import AutoModelForCausalLM
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -272,6 +299,7 @@ class TorchBackend(AccumulatingBackend):
         self.micro_batch = micro_batch
         self.loss_cfg = loss or PolicyLossConfig()
         self.grad_clip = grad_clip
+        self.prefix_tree = prefix_tree and self.model.config._attn_implementation in TREE_ATTENTION
         self.reference = None
         if self.loss_cfg.kl_coef:
             self.reference = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch.float32)
@@ -286,18 +314,31 @@ class TorchBackend(AccumulatingBackend):
         attention = micro.attention_mask.to(self.device)
         mask = micro.loss_mask.to(self.device)
         cfg = self.loss_cfg
-        logprobs, entropy = token_logprobs(self.model, ids, attention, with_entropy=True, where=mask)
+        tree = self._tree(micro)
+        logprobs, entropy = token_logprobs(self.model, ids, attention, with_entropy=True, where=mask, tree=tree)
         behaviour = micro.behaviour_logprobs.to(self.device)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.reference, ids, attention, where=mask)
+                ref = token_logprobs(self.reference, ids, attention, where=mask, tree=tree)
         old = old_logprobs(cfg, logprobs, behaviour, micro.staleness.to(self.device))
         loss, metrics = policy_loss(logprobs, old, micro.advantages.to(self.device), mask, cfg,
                                     behaviour_logprobs=behaviour, ref_logprobs=ref,
                                     entropy=entropy if cfg.entropy_coef else None)
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
         return loss, metrics, mask
+
+    def _tree(self, micro: Batch) -> PrefixTree | None:
+        """The micro-batch's prefix tree, where its forward costs less than the padded rows': a token's
+        layers cost ~12 H² multiply-adds, a pair of tokens in attention ~4 H, and the tree's attention
+        is one dense N x N (every node against every node, masked) where the rows' is W x W per row."""
+        if not self.prefix_tree:
+            return None
+        tree = PrefixTree.of(micro.input_ids, micro.attention_mask)
+        rows, width = micro.input_ids.shape
+        per_token = 3 * int(self.model.config.hidden_size)  # (12 H²) / (4 H): a token's layers in attention pairs
+        nodes = len(tree)
+        return tree if nodes * per_token + nodes ** 2 < rows * width * per_token + rows * width ** 2 else None
 
     def load(self, directory: str | Path) -> None:
         state = torch.load(Path(directory) / "trainer.pt", map_location=self.device, weights_only=True)

@@ -64,10 +64,11 @@ def _assert_same(one_rank: dict, metrics: list[dict], state: dict, dp: dict) -> 
             assert parallel[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
     dp_state = torch.load(dp["state"], weights_only=True)
     assert dp_state.keys() == state.keys()
-    # Summing the ranks' gradients reorders float additions, and Adam divides by the gradient's own
-    # size, so weights agree to float noise: within 0.2% of one lr-sized (5e-3) update.
+    # Summing the ranks' gradients reorders float additions (so does each rank's own prefix tree, over
+    # its own rows), and Adam divides by the gradient's own size: a weight whose gradient is ~1e-8 moves
+    # by its rounding. Weights agree to float noise: within 1% of one lr-sized (5e-3) update.
     for name, tensor in state.items():
-        torch.testing.assert_close(dp_state[name], tensor, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(dp_state[name], tensor, rtol=1e-4, atol=5e-5)
     assert dp["children_exit"] == [0] * len(dp["children_exit"]), "every rank stopped when told"
 
 
