@@ -1,11 +1,13 @@
 """``rollart bench trainer-step --run OUT``: a run's training steps timed
 alone, on the same cores, beside what they took inside the run.
 
-The trainer's record keeps each step's batch shape (every sample's length and generated tokens) and
-its ``train_s``. This replays the same shapes (token ids drawn at random: compute depends on the
-shapes, not on the ids) through the same backend and config, one step after the other with nothing
-else running, and reports in-run ÷ alone: what sharing the machine with the rest of the loop costs
-the trainer (the "Loop throughput" goal: within 1.3x).
+The trainer's record keeps each step's batch shape (every sample's length and generated tokens, and
+which prefixes the samples share) and its ``train_s``. This replays the same shapes (token ids drawn
+at random in the recorded prefix tree: compute depends on the shapes and the sharing, not on the ids)
+through the same backend and config, one step after the other with nothing else running, and reports
+in-run ÷ alone: what sharing the machine with the rest of the loop costs the trainer (the "Loop
+throughput" goal: within 1.3x); then the same steps in the other precision and with the prefix tree
+the other way.
 """
 
 from __future__ import annotations
@@ -24,17 +26,34 @@ from rollart.training.checkpoint import CheckpointStore
 
 
 def shaped_batch(lengths: list[int], generated: list[int], group_size: int, vocab: int,
-                 rng: random.Random) -> list[ScoredTrajectory]:
-    """Scored trajectories of exactly these lengths, the last ``generated`` tokens of each trained."""
+                 rng: random.Random, shared_prefix: list[list[int]] | None = None) -> list[ScoredTrajectory]:
+    """Scored trajectories of exactly these lengths, the last ``generated`` tokens of each trained, and
+    the recorded prefixes shared (:func:`shared_ids`; none: every row its own random tokens)."""
+    ids = shared_ids(lengths, shared_prefix or [[i, 0] for i in range(len(lengths))], vocab, rng)
     samples = []
     for i, (n, g) in enumerate(zip(lengths, generated)):
         g = max(1, min(g, n - 1))
         t = sample_trajectory(f"b-g{i // group_size}-t{i}", n_prompt=n - g, n_gen=g, version=0)
-        t = replace(t, group_id=f"b-g{i // group_size}", token_ids=Int32Array([rng.randrange(vocab) for _ in range(n)]),
+        t = replace(t, group_id=f"b-g{i // group_size}", token_ids=Int32Array(ids[i]),
                     loss_mask=UInt8Array([0] * (n - g) + [1] * g),
                     logprobs=Float32Array([0.0] * (n - g) + [-1.0] * g))
         samples.append(ScoredTrajectory(trajectory=t, reward=float(rng.random() < 0.5), scorer="bench"))
     return samples
+
+
+def shared_ids(lengths: list[int], shared_prefix: list[list[int]], vocab: int, rng: random.Random) -> list[list[int]]:
+    """Random token ids in the recorded tree: following the record's ``shared_prefix`` (the samples in
+    lexicographic order, each with the tokens it shares with the one before), each row repeats its
+    predecessor's first tokens and then goes its own way, so the batch has the run's distinct prefixes."""
+    ids: list[list[int]] = [[] for _ in lengths]
+    before: list[int] = []
+    for i, shared in shared_prefix:
+        fresh = [rng.randrange(vocab) for _ in range(lengths[i] - shared)]
+        if fresh and shared < len(before) and fresh[0] == before[shared]:
+            fresh[0] = (fresh[0] + 1) % vocab  # where the recorded rows part, these part too
+        ids[i] = before[:shared] + fresh
+        before = ids[i]
+    return ids
 
 
 def recorded_steps(run: Path, last: int) -> list[dict]:
@@ -74,30 +93,43 @@ def _measure(config: RollartConfig, run: Path, steps: int, torch_threads: int | 
 
 
 def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
-    """The steps alone in the run's precision, then (the same backend, the same shapes) in the other one
-    of ``trainer.mixed_precision``: what bf16 would save this run's trainer on these cores."""
+    """The steps alone as the run trained them, then (the same backend, the same batches) in the other
+    ``trainer.mixed_precision`` and with the other ``trainer.prefix_tree``: what bf16 would save this
+    run's trainer on these cores, and what the prefix tree saves it (or would)."""
     import torch
 
     from rollart.training.torch_backend import autocast_dtype, cpu_has_bf16
 
     in_run = [row["train_s"] for row in rows]
-    precision = config.trainer.mixed_precision
+    precision, tree = config.trainer.mixed_precision, backend.prefix_tree
     other = "bf16" if precision == "no" else "no"
     alone = _timed_steps(backend, config, rows)
     backend.mixed_precision = autocast_dtype(other, backend.device)
     alone_other = _timed_steps(backend, config, rows)
+    backend.mixed_precision = autocast_dtype(precision, backend.device)
+    backend.prefix_tree = not tree  # (a Megatron backend has none: both rows then run its own forward)
+    alone_flipped = _timed_steps(backend, config, rows)
     ratio = statistics.mean(in_run) / statistics.mean(alone)
     bf16, fp32 = (alone_other, alone) if other == "bf16" else (alone, alone_other)
+    with_tree, padded = (alone, alone_flipped) if tree else (alone_flipped, alone)
+    recorded = [r for r in rows if "distinct_tokens" in r]
     return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
             "bf16_over_fp32": statistics.mean(bf16) / statistics.mean(fp32),
+            "tree_over_padded": statistics.mean(with_tree) / statistics.mean(padded),
             "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(), "mixed_precision": precision,
-                      "cpu_bf16": cpu_has_bf16(),
+                      "prefix_tree": tree, "cpu_bf16": cpu_has_bf16(),
                       "samples_per_step": statistics.mean(len(r["lengths"]) for r in rows),
-                      "tokens_per_sample": statistics.mean(statistics.mean(r["lengths"]) for r in rows)},
-            "rows": [{"mode": "in the run", "step_s_mean": statistics.mean(in_run), "step_s_p50": statistics.median(in_run)},
-                     {"mode": "alone", "step_s_mean": statistics.mean(alone), "step_s_p50": statistics.median(alone)},
-                     {"mode": f"alone, mixed_precision {other}", "step_s_mean": statistics.mean(alone_other),
-                      "step_s_p50": statistics.median(alone_other)}]}
+                      "tokens_per_sample": statistics.mean(statistics.mean(r["lengths"]) for r in rows),
+                      # the batches' distinct prefixes, of their tokens (steps recorded before it: none)
+                      "distinct_token_share": (sum(r["distinct_tokens"] for r in recorded)
+                                               / sum(sum(r["lengths"]) for r in recorded)) if recorded else None},
+            "rows": [_timing("in the run", in_run), _timing("alone", alone),
+                     _timing(f"alone, mixed_precision {other}", alone_other),
+                     _timing(f"alone, prefix_tree {'off' if tree else 'on'}", alone_flipped)]}
+
+
+def _timing(mode: str, seconds: list[float]) -> dict[str, Any]:
+    return {"mode": mode, "step_s_mean": statistics.mean(seconds), "step_s_p50": statistics.median(seconds)}
 
 
 def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[float]:
@@ -109,10 +141,15 @@ def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[float
     rng = random.Random(0)
     group_size = config.feeder.group_size
     options = {"pad_id": 0, "norm": config.trainer.advantage_norm, "per_step": config.trainer.samples == "step"}
-    backend.train_step(collate(shaped_batch(rows[0]["lengths"], rows[0]["generated"], group_size, vocab, rng), **options))
+
+    def replayed(row: dict):
+        samples = shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"))
+        return collate(samples, **options)
+
+    backend.train_step(replayed(rows[0]))
     seconds = []
     for row in rows:
-        batch = collate(shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng), **options)
+        batch = replayed(row)
         started = time.perf_counter()
         backend.train_step(batch)
         seconds.append(time.perf_counter() - started)

@@ -357,6 +357,7 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         # the batch's shape, so `rollart bench trainer-step` can time the same step alone
         "lengths": [len(s.trajectory.token_ids) for s in samples],
         "generated": [int(sum(s.trajectory.loss_mask)) for s in samples],
+        **_shared_prefixes(samples),
         "torch_threads": _torch_threads(), "mixed_precision": mixed_precision,
         "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
         "buffer_groups": len(buffer),
@@ -368,6 +369,18 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         "mix_shortfall": st.mix_shortfall,
         "metrics": {k: round(float(v), 6) for k, v in metrics.items()},
     }
+
+
+def _shared_prefixes(samples: list[ScoredTrajectory]) -> dict:
+    """How the batch's samples share prefixes: ``shared_prefix``, ``[sample, tokens shared with the
+    sample before it]`` in lexicographic order (so `rollart bench trainer-step` replays the same tree),
+    and ``distinct_tokens``, the tokens of the batch's distinct prefixes (what the prefix-tree forward
+    runs, before micro-batching splits the tree)."""
+    from rollart.training.prefix_tree import sorted_rows
+
+    links = sorted_rows([s.trajectory.token_ids.tolist() for s in samples])
+    lengths = sum(len(s.trajectory.token_ids) for s in samples)
+    return {"shared_prefix": [list(link) for link in links], "distinct_tokens": lengths - sum(n for _, n in links)}
 
 
 def _groups_by_tag(samples: list[ScoredTrajectory]) -> dict[str, int]:

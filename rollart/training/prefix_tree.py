@@ -35,16 +35,14 @@ class PrefixTree:
         """The tree of right-padded rows (``attention_mask`` 1 on each row's tokens, which come first)."""
         lengths = attention_mask.sum(dim=1).tolist()
         rows = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
-        order = sorted(range(len(rows)), key=rows.__getitem__)
         paths = torch.zeros(input_ids.shape, dtype=torch.long)
         tokens: list[int] = []
         depths: list[int] = []
-        previous = order[0]
-        for r in order:
+        previous = None
+        for r, shared in sorted_rows(rows):
             row = rows[r]
-            # sorted rows: the row before shares the longest prefix with this one of all rows before it
-            shared = _common_prefix(rows[previous], row) if r != previous else 0
-            paths[r, :shared] = paths[previous, :shared]
+            if previous is not None:
+                paths[r, :shared] = paths[previous, :shared]
             paths[r, shared:len(row)] = torch.arange(len(tokens), len(tokens) + len(row) - shared)
             paths[r, len(row):] = paths[r, len(row) - 1]
             tokens.extend(row[shared:])
@@ -72,6 +70,14 @@ class PrefixTree:
         """``[N, N]`` boolean: node ``n`` (row) sees node ``m`` (column) iff ``m`` is ``n`` or an ancestor."""
         ids = torch.arange(len(self.tokens))
         return (ids[None, :] <= ids[:, None]) & (ids[:, None] < self.ends[None, :])
+
+
+def sorted_rows(rows: list[list[int]]) -> list[tuple[int, int]]:
+    """The rows' indices in lexicographic order, each with how many leading tokens it shares with the
+    row before it (the first: 0). Sorted, no earlier row shares more with a row than the one before it
+    does, so the tokens past that are the row's new prefixes: ``sum(len - shared)`` is the tree's size."""
+    order = sorted(range(len(rows)), key=rows.__getitem__)
+    return [(r, _common_prefix(rows[order[k - 1]], rows[r]) if k else 0) for k, r in enumerate(order)]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

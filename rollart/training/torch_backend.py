@@ -299,7 +299,7 @@ class TorchBackend(AccumulatingBackend):
         self.micro_batch = micro_batch
         self.loss_cfg = loss or PolicyLossConfig()
         self.grad_clip = grad_clip
-        self.prefix_tree = prefix_tree and self.model.config._attn_implementation in TREE_ATTENTION
+        self.prefix_tree = prefix_tree
         self.reference = None
         if self.loss_cfg.kl_coef:
             self.reference = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch.float32)
@@ -332,7 +332,7 @@ class TorchBackend(AccumulatingBackend):
         """The micro-batch's prefix tree, where its forward costs less than the padded rows': a token's
         layers cost ~12 H² multiply-adds, a pair of tokens in attention ~4 H, and the tree's attention
         is one dense N x N (every node against every node, masked) where the rows' is W x W per row."""
-        if not self.prefix_tree:
+        if not self.prefix_tree or self.model.config._attn_implementation not in TREE_ATTENTION:
             return None
         tree = PrefixTree.of(micro.input_ids, micro.attention_mask)
         rows, width = micro.input_ids.shape

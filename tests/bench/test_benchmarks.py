@@ -125,9 +125,33 @@ def test_async_runs_a_training_job_pinned_and_measures_it(tmp_path, stack, tiny_
         assert not set(data["pinning"]["generation"]) & set(data["pinning"]["trainer"])
 
 
+# A recorded batch's prefixes: in lexicographic order rows 2, 0, 3, 1, each sharing its first tokens
+# with the row before it (row 0 six with row 2, ...): 9 + 6 + 9 + 12 = 36 distinct of 56 tokens
+LENGTHS, SHARED_PREFIX = [12, 20, 9, 15], [[2, 0], [0, 6], [3, 6], [1, 8]]
+
+
+def test_a_replayed_batch_shares_the_recorded_prefixes():
+    import random
+
+    from rollart.bench.trainer_step import shaped_batch
+    from rollart.stages.trainer import _shared_prefixes
+    from rollart.training.prefix_tree import PrefixTree
+    from tests.training.test_prefix_tree import padded
+
+    samples = shaped_batch(LENGTHS, [3, 5, 1, 4], 2, 100, random.Random(0), SHARED_PREFIX)
+    rows = [s.trajectory.token_ids.tolist() for s in samples]
+    assert [len(r) for r in rows] == LENGTHS
+    assert rows[0][:6] == rows[2][:6] and rows[3][:6] == rows[0][:6] and rows[1][:8] == rows[3][:8]
+    assert len(PrefixTree.of(*padded(rows))) == 36
+    recorded = _shared_prefixes(samples)  # what the trainer's record keeps of them
+    assert recorded["distinct_tokens"] == 36 and sorted(n for _, n in recorded["shared_prefix"]) == [0, 6, 6, 8]
+    unshared = shaped_batch(LENGTHS, [3, 5, 1, 4], 2, 100, random.Random(0))  # a record from before: random rows
+    assert _shared_prefixes(unshared)["distinct_tokens"] > 50
+
+
 async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_model, monkeypatch):
     """The record keeps each step's shape; the bench times the same shapes alone beside the run's time,
-    in the run's precision and then in the other one."""
+    in the run's precision, then in the other one, then with the prefix tree off."""
     import json
 
     import torch
@@ -135,10 +159,13 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     from rollart.training.torch_backend import TorchBackend
 
     autocast_seen: list[bool] = []
+    trees: list[int | None] = []
     forward = TorchBackend._micro_loss
 
     def recording(self, micro):
         autocast_seen.append(torch.is_autocast_enabled("cpu"))
+        tree = self._tree(micro)
+        trees.append(len(tree) if tree is not None else None)
         return forward(self, micro)
 
     monkeypatch.setattr(TorchBackend, "_micro_loss", recording)
@@ -152,8 +179,8 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert [int(sum(s.trajectory.loss_mask)) for s in batch] == [3, 5, 1, 4]
     assert {s.trajectory.group_id for s in batch} == {"b-g0", "b-g1"}
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    rows = [{"step": i + 1, "train_s": 0.5, "lengths": [12, 20, 9, 15], "generated": [3, 5, 1, 4],
-             "torch_threads": 1} for i in range(3)]
+    rows = [{"step": i + 1, "train_s": 0.5, "lengths": LENGTHS, "generated": [3, 5, 1, 4], "torch_threads": 1,
+             "shared_prefix": SHARED_PREFIX, "distinct_tokens": 36} for i in range(3)]
     rows.insert(1, {"event": "publish", "step": 1})
     (tmp_path / "run" / "checkpoints" / "record.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = build_config({"model": {"path": str(tiny_model)}, "feeder": {"group_size": 2},
@@ -164,15 +191,19 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
     assert result["setup"]["mixed_precision"] == "no" and result["rows"][2]["mode"] == "alone, mixed_precision bf16"
     assert result["bf16_over_fp32"] == pytest.approx(result["rows"][2]["step_s_mean"] / alone)
-    half = len(autocast_seen) // 2
-    assert autocast_seen == [False] * half + [True] * half, "float32 steps, then the same steps under bf16"
+    third = len(autocast_seen) // 3
+    assert autocast_seen == [False] * third + [True] * third + [False] * third, "float32, bf16, float32"
+    assert None not in trees[:2 * third] and trees[2 * third:] == [None] * third, "the tree, then padded rows"
+    assert result["rows"][3]["mode"] == "alone, prefix_tree off" and result["setup"]["prefix_tree"]
+    assert result["tree_over_padded"] == pytest.approx(alone / result["rows"][3]["step_s_mean"])
+    assert result["setup"]["distinct_token_share"] == pytest.approx(36 / 56)
     # a run recorded in bf16 replays in bf16 first, whatever the bench's own config says
     rows = [{**r, "mixed_precision": "bf16"} if "event" not in r else r for r in rows]
     (tmp_path / "run" / "checkpoints" / "record.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     autocast_seen.clear()
     result = await bench_trainer_step(config, tmp_path, run=tmp_path / "run", steps=2)
     assert result["setup"]["mixed_precision"] == "bf16" and result["rows"][2]["mode"] == "alone, mixed_precision no"
-    assert autocast_seen == [True] * half + [False] * half
+    assert autocast_seen == [True] * third + [False] * third + [True] * third
     with pytest.raises(ValueError, match="no step carries its batch shape"):
         await bench_trainer_step(config, tmp_path, run=tmp_path / "empty")
 
