@@ -63,7 +63,7 @@ def init_tiny_model(out: str | Path, *, hidden: int = 128, layers: int = 2, head
         num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads,
         max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=im_end,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

@@ -39,7 +39,7 @@ def warm_start(model_dir: str | Path, env: str, *, steps: int, batch: int = 32, 
 
     env_class = resolve_env_class(env)
     chat = ChatFormat.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     rng = random.Random(seed)
     torch.manual_seed(seed)

@@ -293,7 +293,7 @@ class TorchBackend(AccumulatingBackend):
         from transformers import AutoModelForCausalLM
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch.float32).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(self.device)
         self.model.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.micro_batch = micro_batch
@@ -302,7 +302,7 @@ class TorchBackend(AccumulatingBackend):
         self.prefix_tree = prefix_tree
         self.reference = None
         if self.loss_cfg.kl_coef:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch.float32)
+            self.reference = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
             self.reference.to(self.device).eval().requires_grad_(False)
         self.step = 0
 
