@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rollart.messages import ScoredTrajectory
-from rollart.training.prefix_tree import TREE_ATTENTION, PrefixTree, tree_states
+from rollart.training.prefix_tree import PrefixTree, tree_matches_rows, tree_states
 from rollart.training.algorithms import (
     PolicyLossConfig,
     combine_metrics,
@@ -137,7 +137,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if where is not None and _plain_head(model):
         keep = where.bool()
         if tree is not None:
-            hidden = tree_states(model.get_decoder(), tree, attn_implementation=model.config._attn_implementation)
+            hidden = tree_states(model.get_decoder(), tree)
             children, at = torch.unique(tree.paths[:, 1:][keep.cpu()], return_inverse=True)
             before, targets = tree.parents[children].to(hidden.device), tree.tokens[children].to(hidden.device)
             at = at.to(hidden.device)
@@ -299,7 +299,7 @@ class TorchBackend(AccumulatingBackend):
         self.micro_batch = micro_batch
         self.loss_cfg = loss or PolicyLossConfig()
         self.grad_clip = grad_clip
-        self.prefix_tree = prefix_tree
+        self.prefix_tree = prefix_tree and self._tree_works()
         self.reference = None
         if self.loss_cfg.kl_coef:
             self.reference = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
@@ -328,17 +328,24 @@ class TorchBackend(AccumulatingBackend):
         metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
         return loss, metrics, mask
 
+    def _tree_works(self) -> bool:
+        if tree_matches_rows(self.model, token_logprobs):
+            return True
+        log.warning("trainer.prefix_tree: %s's attention does not take the tree's (a probe's logprobs differ from "
+                    "the padded rows'); training on padded rows", type(self.model).__name__)
+        return False
+
     def _tree(self, micro: Batch) -> PrefixTree | None:
         """The micro-batch's prefix tree, where its forward costs less than the padded rows': a token's
-        layers cost ~12 H² multiply-adds, a pair of tokens in attention ~4 H, and the tree's attention
-        is one dense N x N (every node against every node, masked) where the rows' is W x W per row."""
-        if not self.prefix_tree or self.model.config._attn_implementation not in TREE_ATTENTION:
+        layers cost ~12 H² multiply-adds, a pair of tokens in attention ~4 H; the rows' attention is
+        W x W per row, the tree's its runs of nodes against the nodes each sees."""
+        if not self.prefix_tree:
             return None
         tree = PrefixTree.of(micro.input_ids, micro.attention_mask)
         rows, width = micro.input_ids.shape
         per_token = 3 * int(self.model.config.hidden_size)  # (12 H²) / (4 H): a token's layers in attention pairs
-        nodes = len(tree)
-        return tree if nodes * per_token + nodes ** 2 < rows * width * per_token + rows * width ** 2 else None
+        cheaper = len(tree) * per_token + tree.attention_pairs() < rows * width * per_token + rows * width ** 2
+        return tree if cheaper else None
 
     def load(self, directory: str | Path) -> None:
         state = torch.load(Path(directory) / "trainer.pt", map_location=self.device, weights_only=True)

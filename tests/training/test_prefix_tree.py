@@ -57,6 +57,18 @@ def test_the_tree_holds_each_distinct_prefix_once_and_each_node_sees_its_ancesto
         assert visible == {prefix[:k] for k in range(1, len(prefix) + 1)}, prefix
 
 
+def test_attention_runs_by_runs_of_nodes_against_the_nodes_each_sees():
+    ids, attention = padded(ROWS)
+    tree = PrefixTree.of(ids, attention)
+    sees = tree.attends()
+    runs = tree.runs(4)
+    assert [q.start for q, _, _ in runs] == list(range(0, len(tree), 4)) and runs[-1][0].stop == len(tree)
+    for queries, keys, mask in runs:
+        assert set(keys.tolist()) == set(sees[queries].any(dim=0).nonzero().flatten().tolist())
+        assert torch.equal(mask, sees[queries][:, keys])
+    assert sum((q.stop - q.start) * len(k) for q, k, _ in runs) < len(tree) ** 2
+
+
 @pytest.mark.parametrize("attention_kind", ["sdpa", "eager"])
 def test_logprobs_entropies_and_gradients_are_the_padded_forwards(tiny_model, attention_kind):
     backend = TorchBackend(tiny_model)
@@ -116,3 +128,19 @@ def test_rows_sharing_nothing_run_padded(tiny_model):
     apart = _batch([[i * 10 + k for k in range(8)] for i in range(1, 5)])
     assert backend._tree(apart) is None
     assert backend._tree(_batch(ROWS)) is not None
+
+
+def test_a_model_whose_attention_ignores_the_tree_trains_on_padded_rows(tiny_model, monkeypatch, caplog):
+    """A model whose layers do not call Hugging Face's attention interface would attend across the
+    tree's branches: the backend's probe finds its logprobs differ and trains on padded rows."""
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    class OwnAttention:  # the model's own attention, whatever the config names
+        @staticmethod
+        def get_interface(name, default):
+            return qwen2.eager_attention_forward
+
+    monkeypatch.setattr(qwen2, "ALL_ATTENTION_FUNCTIONS", OwnAttention)
+    backend = TorchBackend(tiny_model)
+    assert not backend.prefix_tree and "does not take the tree's" in caplog.text
+    assert backend._tree(_batch(ROWS)) is None
