@@ -26,9 +26,11 @@ from rollart.training.checkpoint import CheckpointStore
 
 
 def shaped_batch(lengths: list[int], generated: list[int], group_size: int, vocab: int,
-                 rng: random.Random, shared_prefix: list[list[int]] | None = None) -> list[ScoredTrajectory]:
-    """Scored trajectories of exactly these lengths, the last ``generated`` tokens of each trained, and
-    the recorded prefixes shared (:func:`shared_ids`; none: every row its own random tokens)."""
+                 rng: random.Random, shared_prefix: list[list[int]] | None = None,
+                 rewards: list[float] | None = None) -> list[ScoredTrajectory]:
+    """Scored trajectories of exactly these lengths, the last ``generated`` tokens of each trained, the
+    recorded prefixes shared (:func:`shared_ids`; none: every row its own random tokens) and the recorded
+    rewards (a group of equal rewards is not computed; none: random rewards, nearly every group trained)."""
     ids = shared_ids(lengths, shared_prefix or [[i, 0] for i in range(len(lengths))], vocab, rng)
     samples = []
     for i, (n, g) in enumerate(zip(lengths, generated)):
@@ -37,7 +39,8 @@ def shaped_batch(lengths: list[int], generated: list[int], group_size: int, voca
         t = replace(t, group_id=f"b-g{i // group_size}", token_ids=Int32Array(ids[i]),
                     loss_mask=UInt8Array([0] * (n - g) + [1] * g),
                     logprobs=Float32Array([0.0] * (n - g) + [-1.0] * g))
-        samples.append(ScoredTrajectory(trajectory=t, reward=float(rng.random() < 0.5), scorer="bench"))
+        reward = rewards[i] if rewards is not None else float(rng.random() < 0.5)
+        samples.append(ScoredTrajectory(trajectory=t, reward=reward, scorer="bench"))
     return samples
 
 
@@ -143,7 +146,8 @@ def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[float
     options = {"pad_id": 0, "norm": config.trainer.advantage_norm, "per_step": config.trainer.samples == "step"}
 
     def replayed(row: dict):
-        samples = shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"))
+        samples = shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"),
+                               row.get("rewards"))
         return collate(samples, **options)
 
     backend.train_step(replayed(rows[0]))

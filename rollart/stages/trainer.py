@@ -357,6 +357,7 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         # the batch's shape, so `rollart bench trainer-step` can time the same step alone
         "lengths": [len(s.trajectory.token_ids) for s in samples],
         "generated": [int(sum(s.trajectory.loss_mask)) for s in samples],
+        "rewards": [round(float(s.reward), 6) for s in samples],  # which groups train (equal rewards: none)
         **_shared_prefixes(samples),
         "torch_threads": _torch_threads(), "mixed_precision": mixed_precision,
         "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from rollart.messages import ScoredTrajectory
-from rollart.training.prefix_tree import PrefixTree, tree_matches_rows, tree_states
 from rollart.training.algorithms import (
     PolicyLossConfig,
     combine_metrics,
@@ -26,6 +25,7 @@ from rollart.training.algorithms import (
     over_trained_rows,
     policy_loss,
 )
+from rollart.training.prefix_tree import PrefixTree, tree_matches_rows, tree_states
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +329,8 @@ class TorchBackend(AccumulatingBackend):
         return loss, metrics, mask
 
     def _tree_works(self) -> bool:
+        if not _plain_head(self.model):
+            return False  # logprobs take the full model's logits there (token_logprobs), not the tree's
         if tree_matches_rows(self.model, token_logprobs):
             return True
         log.warning("trainer.prefix_tree: %s's attention does not take the tree's (a probe's logprobs differ from "

@@ -145,6 +145,11 @@ def test_a_replayed_batch_shares_the_recorded_prefixes():
     assert len(PrefixTree.of(*padded(rows))) == 36
     recorded = _shared_prefixes(samples)  # what the trainer's record keeps of them
     assert recorded["distinct_tokens"] == 36 and sorted(n for _, n in recorded["shared_prefix"]) == [0, 6, 6, 8]
+    # the recorded rewards, so a group of equal rewards is left out of the replayed step as in the run
+    from rollart.training.torch_backend import collate
+
+    rewarded = shaped_batch(LENGTHS, [3, 5, 1, 4], 2, 100, random.Random(0), SHARED_PREFIX, [1.0, 1.0, 0.0, 1.0])
+    assert collate(rewarded, pad_id=0, norm="group_mean").advantages.tolist() == [0.0, 0.0, -0.5, 0.5]
     unshared = shaped_batch(LENGTHS, [3, 5, 1, 4], 2, 100, random.Random(0))  # a record from before: random rows
     assert _shared_prefixes(unshared)["distinct_tokens"] > 50
 
