@@ -16,6 +16,7 @@ start of a stack in the same folder stops what a dead owner still left there, an
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,18 +41,46 @@ def free_port(taken: Collection[int] = ()) -> int:
     return port
 
 
+LISTEN_PORTS_FROM = 10_000  # free_ports' range starts here and ends below the kernel's ephemeral ports
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports. Each socket stays bound until all are: the kernel may
-    hand a just-released port out again, and two services given one port fail in ways that look
-    like a hang (a Mooncake master whose RPC and HTTP servers shared a port)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    """``count`` distinct free loopback ports, below the kernel's ephemeral range: a port the kernel
+    handed out as free is one it may hand out again as the source port of an outgoing connection (a
+    Kafka client's) before the service that was given it binds it, and that service then fails to
+    start on every restart (a run's feeder did). Each socket stays bound until all are chosen: two
+    services given one port fail in ways that look like a hang (a Mooncake master whose RPC and HTTP
+    servers shared a port). Where the ephemeral range leaves no room, the kernel's choice."""
+    first_ephemeral = _ephemeral_ports()[0]
+    rng = random.SystemRandom()
+    sockets: list[socket.socket] = []
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+        for _ in range(100 * count):
+            if len(sockets) == count or first_ephemeral <= LISTEN_PORTS_FROM:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", rng.randrange(LISTEN_PORTS_FROM, first_ephemeral)))
+            except OSError:  # in use (or lingering in TIME_WAIT): another
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:
+            sockets.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sockets[-1].bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux's default where unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
