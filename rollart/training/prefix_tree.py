@@ -75,6 +75,7 @@ class PrefixTree:
 
     @functools.cached_property
     def blocks(self) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
+        """The runs the tree's attention takes (:meth:`runs` of 128 nodes; computed once per tree)."""
         return self.runs(128)
 
     def attention_pairs(self) -> int:
