@@ -124,7 +124,7 @@ class VLLMEngine:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         started = time.perf_counter()
         tokens, logprobs, versions = Int32Array(), Float32Array(), Int32Array()
-        finish = None
+        finish, spans = None, None
         request_id = request.request_id
         self._by_traj.setdefault(request.traj_id, set()).add(request_id)
         try:
@@ -138,6 +138,9 @@ class VLLMEngine:
                                                                             completion.token_ids))
                 versions.extend([self.version] * len(completion.token_ids))
                 finish = completion.finish_reason or finish
+                spans = completion.weight_versions  # on the final output: which weights sampled which token
+            if spans:
+                versions = _span_versions(spans, len(tokens), versions)
         finally:
             ids = self._by_traj.get(request.traj_id)
             if ids is not None:
@@ -181,8 +184,12 @@ class VLLMEngine:
 
     @contextlib.asynccontextmanager
     async def paused(self):
-        """No new tokens while inside (requests in flight wait; see ``load_weights``)."""
-        await self._engine.pause_generation(mode="keep", clear_cache=self.config.on_weight_update == "recompute")
+        """No new tokens while inside (requests in flight wait; see ``load_weights``). The engine core's
+        own pause: ``AsyncLLM.pause_generation`` adds a fixed 20 ms sleep so that outputs of the steps
+        before the pause reach their requests first, which the tokens' versions need not wait for: the
+        engine core labels each step's tokens with the weights that sampled them (``load_weights_paused``)."""
+        await self._engine.engine_core.pause_scheduler_async(mode="keep",
+                                                             clear_cache=self.config.on_weight_update == "recompute")
         try:
             yield
         finally:
@@ -192,11 +199,24 @@ class VLLMEngine:
         loaded = await self._engine.collective_rpc("rollart_load_weights", args=(str(directory),))
         if not loaded or not all(loaded):
             raise RuntimeError(f"no tensors loaded from {directory}")
+        await self._engine.update_weight_version(str(version))  # the label of every step from here on
         self.version = version
 
     @property
     def running(self) -> int:
         return sum(len(v) for v in self._by_traj.values())
+
+
+def _span_versions(spans, count: int, fallback: Int32Array) -> Int32Array:
+    """Per-token policy versions from vLLM's weight-version spans (the engine core's label of the
+    weights each token was sampled by); a span it labelled before any load ("default") keeps the
+    version the stream saw."""
+    versions = list(fallback)
+    for span in spans:
+        if span.version.isdigit():
+            end = min(span.end, count)
+            versions[span.start:end] = [int(span.version)] * max(0, end - span.start)
+    return Int32Array(versions)
 
 
 @functools.lru_cache(maxsize=64)  # bounded: a request may carry settings of its own (a seed)

@@ -183,3 +183,31 @@ async def test_a_turns_context_is_found_in_the_prefix_cache_by_the_configured_bl
         assert await _cached_tokens(small, second, "small-2") == 96
     finally:
         small.shutdown()
+
+
+@pytest.mark.timeout(300)
+async def test_tokens_carry_the_version_the_engine_core_sampled_them_with(engine, tiny_model, tmp_path):
+    """A load labels the engine core's steps from then on: a request's tokens carry the version of the
+    weights that sampled them, as the engine core says, not the version the stream reader saw when the
+    tokens reached it (vLLM hands a step's outputs on after it returns from the pause)."""
+    from rollart.training.torch_backend import TorchBackend
+    from rollart.weights.buckets import stage_state
+
+    state = TorchBackend(tiny_model, prefix_tree=False).state_dict()  # the engine's own weights: a new label only
+    before = engine.version
+
+    def request(name: str) -> GenerationRequest:
+        return GenerationRequest(traj_id=name, turn=0, group_id="g", tag="x", pool="default",
+                                 prompt_ids=Int32Array([1, 2, 3]), reply_partition=0,
+                                 sampling=SamplingParams(temperature=1.0, max_tokens=48))
+
+    try:
+        running = asyncio.create_task(engine.generate(request("across")))
+        await asyncio.sleep(0.05)
+        await engine.load_weights(stage_state(state, tmp_path / "v7", bucket_bytes=1 << 20), 7)
+        across = list((await running).versions)
+        assert across and set(across) <= {before, 7} and across == sorted(across, key=[before, 7].index)
+        engine.version = 3  # a reader that saw an older version: the labels are the engine core's
+        assert set((await engine.generate(request("after"))).versions) == {7}
+    finally:
+        await engine.load_weights(stage_state(state, tmp_path / "back", bucket_bytes=1 << 20), before)
