@@ -169,7 +169,8 @@ class TrainerConfig(Section):
     grad_clip: float = Field(default=1.0, gt=0)
     # The torch backend runs each distinct prefix of a micro-batch's rows once (a group's shared prompt,
     # turns its members share) and no padding: rollart/training/prefix_tree.py. Same result; a micro-batch
-    # where it would not be cheaper, or an attention without arbitrary masks (flash), runs padded rows.
+    # where it would not be cheaper, or a model whose attention ignores the tree (a start-up probe), runs
+    # padded rows.
     prefix_tree: bool = True
     algorithm: Literal["grpo", "ppo", "reinforce"] = "grpo"
     advantage_norm: Literal["group", "group_mean", "batch", "none"] = "group"
