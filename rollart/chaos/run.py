@@ -33,6 +33,7 @@ from rollart.chaos.audit import audit_run
 from rollart.chaos.reward_server import FlakyRewardServer
 from rollart.config import RollartConfig, load_config
 from rollart.local.stack import STACK_FILE, pid_alive
+from rollart.training.checkpoint import CheckpointStore
 
 CONFIGURED = ("env-hang", "env-raise", "reward-fail", "reward-slow")
 INJECTED = ("kill", "redis-flush", "bad-messages")
@@ -85,13 +86,13 @@ class ChaosDriver:
         self.injected: list[inject.Injected] = []
         self.stages_alive_at_end: bool | None = None
         self.error: str | None = None  # why the driver stopped early
+        # The trainer appends to its record while the driver reads it: a line still being written
+        # is left for the next poll.
+        self.record = CheckpointStore(out / "checkpoints").follow()
 
     def steps(self) -> list[dict]:
-        try:
-            lines = (self.out / "checkpoints" / "record.jsonl").read_text().splitlines()
-        except OSError:
-            return []
-        return [r for r in map(json.loads, lines) if "event" not in r]
+        self.record.poll()
+        return [r for r in self.record.rows if "event" not in r]
 
     def job(self) -> str:
         return json.loads((self.out / "run.json").read_text())["job"]
@@ -182,7 +183,6 @@ def with_stack(data: dict[str, Any], endpoints) -> dict[str, Any]:
 async def fault_free_rate(base: dict[str, Any], endpoints, out: Path, steps: int) -> float | None:
     """The same job without faults, ``steps`` steps on the campaign's stack: its trained per minute."""
     from rollart.job.run import RunOptions, run_job
-    from rollart.training.checkpoint import CheckpointStore
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / "baseline-job.yaml"
@@ -196,7 +196,6 @@ async def run_chaos(config_path: Path | None, faults: set[str], *, steps: int, o
                     stall_limit_s: float = 300.0, env_failure_rate: float = 0.01) -> dict[str, Any]:
     from rollart.job.run import RunOptions, run_job
     from rollart.local.endpoints import job_endpoints
-    from rollart.training.checkpoint import CheckpointStore
 
     check_faults(faults, schedule)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ import time
 import pytest
 
 from rollart.chaos.inject import KILLABLE
+from rollart.chaos.run import ChaosDriver
+from rollart.config import RollartConfig
 from rollart.local.processes import StageProcess
 from tests.conftest import REPO
 
@@ -114,3 +116,18 @@ def test_a_killed_stage_leaves_no_children_behind(tmp_path):
         time.sleep(0.05)
     else:
         raise AssertionError("the stage's child survived reap_group")
+
+
+def test_the_driver_reads_the_trainers_record_while_a_line_is_half_written(tmp_path):
+    """Regression (CI, 2026-12-06): the driver read ``record.jsonl`` as the trainer appended to it and
+    stopped the campaign on the half-written line's JSONDecodeError."""
+    record = tmp_path / "checkpoints" / "record.jsonl"
+    record.parent.mkdir()
+    driver = ChaosDriver(RollartConfig(), None, tmp_path, {"kill"}, interval_s=1, seed=0, target_steps=4)
+    assert driver.steps() == []
+    record.write_text(json.dumps({"step": 1, "time": 1.0}) + "\n" + json.dumps({"event": "publish"}) + "\n"
+                      + '{"step": 2, "time": 2.0, "trajectory_ids": ["g1-')
+    assert [r["step"] for r in driver.steps()] == [1]
+    with open(record, "a") as fh:
+        fh.write('0"]}\n')
+    assert [r["step"] for r in driver.steps()] == [1, 2]
