@@ -7,7 +7,7 @@ between runs of the same job), so the settings take turns inside one ``rollart r
 included), with ``--switch stack`` of the run's own broker, Redis and Mooncake, or with ``--switch
 trainer`` of the trainer, is switched to the next setting (policy, niceness and time slice: one
 ``sched_setattr``); what is not switched keeps the job's ``machine.scheduling``. A block's first step straddles
-the switch and is left out. Each block's median seconds per step is held to the baseline's (the first
+the switch and is left out. Each block's mean seconds per step is held to the baseline's (the first
 setting: "runner", every stage scheduled as the runner is) at the same point of the run, interpolated
 between the baseline blocks either side; a setting's figure is the median of those ratios, and the
 headline is the runner's seconds per step over the last setting's. Lowering a niceness again needs
@@ -52,15 +52,18 @@ def can_lower_niceness() -> bool:
 
 
 def block_figures(rows: list[dict], switches: list[tuple[int, str]]) -> list[tuple[str, float]]:
-    """Each block's setting and median seconds per step, in run order. ``switches``: (the last step
-    recorded when the setting was applied, its name), in order; a block's first step is left out."""
+    """Each block's setting and seconds per step (its steps' time over their count), in run order.
+    ``switches``: (the last step recorded when the setting was applied, its name), in order; a block's
+    first step is left out. Not a median: under a staleness bound a trainer that finds a batch waiting
+    trains the next one at once, so a block's steps alternate short and long, and a median of five
+    picks one kind or the other (block medians of 0.17-0.48 s in one run)."""
     times = {r["step"]: r["time"] for r in rows if "event" not in r}
     last = max(times, default=0)
     blocks = []
     for (start, name), (end, _) in zip(switches, [*switches[1:], (last, "")]):
         steps = [times[s] - times[s - 1] for s in range(start + 2, end + 1) if s in times and s - 1 in times]
         if steps:
-            blocks.append((name, statistics.median(steps)))
+            blocks.append((name, statistics.fmean(steps)))
     return blocks
 
 
@@ -157,7 +160,7 @@ async def bench_scheduling(config: RollartConfig, work_dir: Path, *, job_yaml: P
         rows.append({"setting": name, **SETTINGS[name].model_dump(), "blocks": len(own),
                      "s_per_step": statistics.median(own) if own else None,
                      "vs_runner": statistics.median(ratios[name]) if name in ratios else 1.0,
-                     "block_medians": [round(b, 3) for b in own]})
+                     "block_means": [round(b, 3) for b in own]})
     return {"benchmark": "scheduling", "rows": rows, "switches": switches,
             "speedup": 1 / rows[-1]["vs_runner"],
             "setup": {"config": str(job_yaml), "steps": steps, "block": block, "settings": list(settings),

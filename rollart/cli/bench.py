@@ -421,7 +421,7 @@ def scheduling_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
 
     try:
         run_benchmark(config, out, bench_scheduling, ["setting", "nice", "policy", "slice_ms", "blocks", "s_per_step", "vs_runner",
-                                                      "block_medians"],
+                                                      "block_means"],
                       f"{settings.split(',')[0]} over {settings.split(',')[-1]} seconds per step",
                       job_yaml=config, steps=steps, block=block, settings=tuple(s.strip() for s in settings.split(",")),
                       switched=switch)

@@ -111,19 +111,21 @@ class Feeder:
         await self.rt.redis.set(self.counter_key, count, nx=True)
         return int(await self.rt.redis.get(self.counter_key) or count)
 
-    async def _admit(self, released: int) -> int | None:
-        """Reserve one group slot; returns the version admitted under, or None if the bound holds."""
+    async def _admit(self, released: int, wanted: int) -> tuple[int, int]:
+        """Reserve up to ``wanted`` group slots; returns the version admitted under and how many (0
+        while the bound holds)."""
         cfg = self.config.feeder
         version = await self.versions.current()
         if cfg.alpha is None:
-            return version
+            return version, wanted
         if not await self.rt.redis.exists(self.admission.key):
             await self._rebuild_admission(released, version)
-        ok = await self.admission.try_admit(version=version, alpha=cfg.alpha, groups_per_batch=cfg.groups_per_batch)
-        if not ok and await self._starvation_release(version):
+        count = await self.admission.admit_up_to(version=version, alpha=cfg.alpha,
+                                                 groups_per_batch=cfg.groups_per_batch, groups=wanted)
+        if not count and await self._starvation_release(version):
             await self.admission.force_admit(1)
-            return version
-        return version if ok else None
+            return version, 1
+        return version, count
 
     async def _rebuild_admission(self, released: int, version: int) -> None:
         """Redis lost the counters: rebuild them from the log. Running: the tasks the env group has not
@@ -201,17 +203,34 @@ class Feeder:
             if cfg.release == "batch" and n % cfg.groups_per_batch == 0 and not await self._previous_batch_ended():
                 await changes.wait(cfg.poll_interval_s, self._stop)
                 continue
-            version = await self._admit(n)
-            BLOCKED.labels(self.config.job).set(1 if version is None else 0)
-            if version is None:
+            version, count = await self._admit(n, self._rest_of_batch(n))
+            BLOCKED.labels(self.config.job).set(0 if count else 1)
+            if not count:
                 await changes.wait(cfg.poll_interval_s, self._stop)
                 continue
-            task = replace(self.task(n), admitted_version=version)
-            await self.rt.producer.send_and_wait(TASKS, task, key=task.group_id, policy_version=version)
-            await self.rt.redis.set(self.counter_key, n + 1)
-            RELEASED.labels(self.config.job, task.tag).inc()
-            released += 1
+            await self._send_tasks(n, count, version)
+            released += count
         return released
+
+    def _rest_of_batch(self, released: int) -> int:
+        """The groups the feeder asks room for at once: the rest of the batch ``released`` is in (within
+        ``max_groups``). When a new version opens room for a batch, its groups go out together: one
+        group at a time (five round trips each, the feeder yielding the CPU to the rollout) took
+        ~0.13 s to start a demo batch, while the engine waited for work."""
+        cfg = self.config.feeder
+        rest = cfg.groups_per_batch - released % cfg.groups_per_batch
+        return rest if cfg.max_groups is None else max(1, min(rest, cfg.max_groups - released))
+
+    async def _send_tasks(self, first: int, count: int, version: int) -> None:
+        """Groups ``first`` .. ``first + count - 1`` to the tasks topic (sent together, then every ack
+        awaited), then the released counter past them: a feeder that dies before that releases them
+        again (the same group ids: the tasks are a function of their number)."""
+        tasks = [replace(self.task(first + i), admitted_version=version) for i in range(count)]
+        acks = [await self.rt.producer.send(TASKS, task, key=task.group_id, policy_version=version) for task in tasks]
+        await asyncio.gather(*acks)
+        await self.rt.redis.set(self.counter_key, first + count)
+        for task in tasks:
+            RELEASED.labels(self.config.job, task.tag).inc()
 
 
 async def run_feeder(config: RollartConfig, stop: StopRequest) -> None:

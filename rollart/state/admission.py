@@ -48,6 +48,19 @@ end
 return 0
 """
 
+# As many of ARGV[4] groups as the bound leaves room for (0 when it holds): the feeder releases the
+# rest of a batch in one go when a new version opens room for it.
+_ADMIT_UP_TO = """
+local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')
+local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
+local capacity = (tonumber(ARGV[1]) + tonumber(ARGV[2]) + 1) * tonumber(ARGV[3])
+local n = math.min(tonumber(ARGV[4]), capacity - accepted - running)
+if n <= 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'running', n)
+redis.call('HINCRBY', KEYS[1], 'admitted', n)
+return n
+"""
+
 # finished_at: when a group last ended, complete or not (the feeder's starvation release waits while
 # groups are still ending: the loop moves, the trainer waits for rollouts, not for admission places).
 # Only on counters that exist: after a Redis flush the feeder must find them missing and rebuild them.
@@ -107,6 +120,7 @@ class AdmissionCounters:
         self.key, self.accepted_groups_key = keys.admission, keys.admission_accepted_groups
         self.changed_channel = keys.admission_changed
         self._try_admit = redis.register_script(_TRY_ADMIT)
+        self._admit_up_to = redis.register_script(_ADMIT_UP_TO)
         self._finish = redis.register_script(_FINISH)
         self._give_back = redis.register_script(_GIVE_BACK)
 
@@ -120,6 +134,12 @@ class AdmissionCounters:
             raise ValueError("alpha must be >= 0, groups_per_batch and groups >= 1")
         ok = await self._try_admit(keys=[self.key], args=[alpha, version, groups_per_batch, groups])
         return bool(ok)
+
+    async def admit_up_to(self, *, version: int, alpha: int, groups_per_batch: int, groups: int) -> int:
+        """Reserve up to ``groups`` running slots, as many as the staleness bound allows; how many."""
+        if alpha < 0 or groups_per_batch < 1 or groups < 1:
+            raise ValueError("alpha must be >= 0, groups_per_batch and groups >= 1")
+        return int(await self._admit_up_to(keys=[self.key], args=[alpha, version, groups_per_batch, groups]))
 
     async def force_admit(self, groups: int = 1) -> None:
         """Reserve ``groups`` running slots past the bound (the feeder's starvation release)."""

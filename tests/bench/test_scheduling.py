@@ -69,6 +69,12 @@ def test_each_settings_blocks_leave_out_the_step_across_the_switch():
     assert [seconds for _, seconds in blocks] == pytest.approx([2.0, 1.0, 2.0, 1.2])
 
 
+def test_a_block_of_alternating_short_and_long_steps_counts_its_mean():
+    # a trainer that finds its next batch waiting trains it at once: steps alternate 0.1 s and 0.7 s
+    rows = [{"step": s, "time": t} for s, t in enumerate([0.0, 1.0, 1.1, 1.8, 1.9, 2.6, 2.7, 3.4], start=1)]
+    assert block_figures(rows, [(1, "runner")]) == [("runner", pytest.approx(0.4))]
+
+
 def test_a_setting_is_held_to_the_baseline_blocks_either_side_as_the_run_slows():
     # the run slows by 0.2 s per block; the setting is 10% faster than the baseline would be there
     blocks = [("runner", 1.0), ("b", 0.9 * 1.2), ("runner", 1.4), ("b", 0.9 * 1.6), ("c", 1.8), ("runner", 2.0),

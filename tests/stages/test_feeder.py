@@ -62,6 +62,35 @@ async def test_admission_bound_holds_the_feeder_until_the_version_moves(endpoint
     assert {t.tag for t in tasks} <= {"math", "frozenlake"}
 
 
+async def test_a_version_releases_the_rest_of_a_batch_in_one_admission(endpoints):
+    """When a version opens room for a batch, its groups are admitted together and go out together,
+    not one round of Redis and Kafka trips per group (the engine waited on those between batches)."""
+    config = make_config(endpoints, feeder={"alpha": 0, "groups_per_batch": 4, "poll_interval_s": 120},
+                         tags={"f": {"env": "frozenlake"}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        feeder = Feeder(rt)
+        asked: list[tuple[int, int]] = []  # (groups asked for, groups admitted)
+        admit_up_to = feeder.admission.admit_up_to
+
+        async def recording(**kwargs) -> int:
+            admitted = await admit_up_to(**kwargs)
+            asked.append((kwargs["groups"], admitted))
+            return admitted
+
+        feeder.admission.admit_up_to = recording  # type: ignore[method-assign]
+        run = asyncio.create_task(feeder.run())
+        await eventually(lambda: _count(rt, 4), what="the first batch")
+        writer = VersionWriter(config, rt.endpoints, rt.redis, rt.producer)
+        await writer.acquire()
+        await AdmissionCounters(rt.redis, prefix=config.redis.key_prefix, job=config.job).finish(groups=4, accepted=True)
+        await writer.bump(step=1)
+        await eventually(lambda: _count(rt, 8), timeout=20, what="the second batch")
+        feeder.stop()
+        await asyncio.wait_for(run, 10)
+    assert [a for a in asked if a[1]] == [(4, 4), (4, 4)], asked
+
+
 async def _count(rt, n: int) -> bool:
     return len(await _released(rt)) >= n
 

@@ -86,3 +86,14 @@ async def test_a_group_finishing_after_a_flush_leaves_the_counters_missing_for_t
     assert not await runtime.redis.exists(counters.key)
     await counters.rebuild(accepted=2, running=1)
     assert (await counters.snapshot()).finished_at > 0, "a rebuild counts as a group ending (no release at once)"
+
+
+async def test_admit_up_to_takes_what_room_the_bound_leaves(runtime):
+    counters = _counters(runtime)
+    assert await counters.admit_up_to(version=0, alpha=1, groups_per_batch=3, groups=2) == 2
+    assert await counters.admit_up_to(version=0, alpha=1, groups_per_batch=3, groups=8) == 4, "(1 + 0 + 1) * 3 = 6"
+    assert await counters.admit_up_to(version=0, alpha=1, groups_per_batch=3, groups=1) == 0
+    await counters.finish(groups=3, accepted=True)
+    assert await counters.admit_up_to(version=1, alpha=1, groups_per_batch=3, groups=3) == 3, "a new version: a batch"
+    snap = await counters.snapshot()
+    assert (snap.accepted, snap.running, snap.admitted) == (3, 6, 9)
