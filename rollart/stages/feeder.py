@@ -102,14 +102,30 @@ class Feeder:
         raw = await self.rt.redis.get(self.counter_key)
         if raw is not None:
             return int(raw)
+        count = await self._logged_count()
+        await self.rt.redis.set(self.counter_key, count, nx=True)
+        return int(await self.rt.redis.get(self.counter_key) or count)
+
+    async def _logged_count(self) -> int:
+        """The highest group number on the tasks topic + 1 (0 when none is)."""
         count = 0
         prefix = f"{self.config.job}-g"
         async for record in read_to_end(self.config, self.rt.endpoints, self.rt.producer.names.physical(TASKS)):
             key = (record.key or b"").decode(errors="replace")
             if key.startswith(prefix) and key[len(prefix):].isdigit():
                 count = max(count, int(key[len(prefix):]) + 1)
-        await self.rt.redis.set(self.counter_key, count, nx=True)
-        return int(await self.rt.redis.get(self.counter_key) or count)
+        return count
+
+    async def _count_what_a_dead_feeder_sent(self) -> None:
+        """At start: the counter past every group already on the log. A feeder killed between its
+        tasks' acks and the counter's update would otherwise release those groups again (the chaos
+        campaign caught one). The feeder is the topic's single writer, so a read and a set suffice."""
+        raw = await self.rt.redis.get(self.counter_key)
+        logged = await self._logged_count()
+        if raw is not None and int(raw) < logged:
+            log.warning("the released counter was %s but the log holds groups up to %d: continuing after them",
+                        raw.decode() if isinstance(raw, bytes) else raw, logged - 1)
+            await self.rt.redis.set(self.counter_key, logged)
 
     async def _admit(self, released: int, wanted: int) -> tuple[int, int]:
         """Reserve up to ``wanted`` group slots; returns the version admitted under and how many (0
@@ -185,6 +201,7 @@ class Feeder:
     async def run(self) -> int:
         """Release groups until ``feeder.max_groups`` or stop(); returns how many this run released."""
         try:
+            await self._count_what_a_dead_feeder_sent()
             async with self.admission.changes() as changes:
                 return await self._release(self.config.feeder, changes)
         finally:

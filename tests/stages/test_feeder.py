@@ -8,6 +8,7 @@ import json
 
 from rollart.bus.reader import read_to_end
 from rollart.messages import DEFAULT_CODEC
+from rollart.names import RedisKeys
 from rollart.runtime import open_runtime
 from rollart.stages.feeder import Feeder, sources_from, task_spec
 from rollart.state import AdmissionCounters, VersionWriter
@@ -109,6 +110,21 @@ async def test_restarted_feeder_continues_where_it_stopped(endpoints):
     # the n-th task is a pure function of (seed, n): computed again, it is the task released
     again = [task_spec(config, sources_from(config), n) for n in range(5)]
     assert [(t.group_id, t.env, t.seed) for t in again] == [(t.group_id, t.env, t.seed) for t in released]
+
+
+async def test_a_feeder_killed_before_counting_its_sent_tasks_is_not_repeated(endpoints):
+    """Regression (the chaos campaign): a feeder SIGKILLed between its tasks' acks and the released
+    counter's update left the counter behind the log, and its successor released those groups again."""
+    config = make_config(endpoints, feeder={"alpha": None, "max_groups": 3}, tags={"f": {"env": "frozenlake"}})
+    await apply_topics(config, endpoints, expand_catalog(config))
+    async with open_runtime(config, serve=False) as rt:
+        assert await Feeder(rt).run() == 3
+        await rt.redis.set(RedisKeys.of(config).feeder_released, 1)  # as if killed after sending g1 and g2
+        more = config.model_copy(update={"feeder": config.feeder.model_copy(update={"max_groups": 5})})
+        rt.config = more
+        assert await Feeder(rt).run() == 2
+        released = await _released(rt)
+    assert [t.group_id for t in released] == [f"{config.job}-g{i}" for i in range(5)], "no group repeated"
 
 
 async def test_a_starving_trainer_gets_one_batch_past_an_over_counted_bound(endpoints):
