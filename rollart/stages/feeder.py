@@ -240,8 +240,8 @@ class Feeder:
 
     async def _send_tasks(self, first: int, count: int, version: int) -> None:
         """Groups ``first`` .. ``first + count - 1`` to the tasks topic (sent together, then every ack
-        awaited), then the released counter past them: a feeder that dies before that releases them
-        again (the same group ids: the tasks are a function of their number)."""
+        awaited), then the released counter past them (a successor of a feeder that died before that
+        finds them on the log: ``_count_what_a_dead_feeder_sent``)."""
         tasks = [replace(self.task(first + i), admitted_version=version) for i in range(count)]
         acks = [await self.rt.producer.send(TASKS, task, key=task.group_id, policy_version=version) for task in tasks]
         await asyncio.gather(*acks)

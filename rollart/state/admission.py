@@ -35,19 +35,6 @@ from rollart.names import RedisKeys
 
 log = logging.getLogger(__name__)
 
-_TRY_ADMIT = """
-local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')
-local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
-local capacity = (tonumber(ARGV[1]) + tonumber(ARGV[2]) + 1) * tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
-if accepted + running + n <= capacity then
-  redis.call('HINCRBY', KEYS[1], 'running', n)
-  redis.call('HINCRBY', KEYS[1], 'admitted', n)
-  return 1
-end
-return 0
-"""
-
 # As many of ARGV[4] groups as the bound leaves room for (0 when it holds): the feeder releases the
 # rest of a batch in one go when a new version opens room for it.
 _ADMIT_UP_TO = """
@@ -119,7 +106,6 @@ class AdmissionCounters:
         keys = RedisKeys(prefix, job)
         self.key, self.accepted_groups_key = keys.admission, keys.admission_accepted_groups
         self.changed_channel = keys.admission_changed
-        self._try_admit = redis.register_script(_TRY_ADMIT)
         self._admit_up_to = redis.register_script(_ADMIT_UP_TO)
         self._finish = redis.register_script(_FINISH)
         self._give_back = redis.register_script(_GIVE_BACK)
@@ -127,13 +113,6 @@ class AdmissionCounters:
     @staticmethod
     def capacity(version: int, alpha: int, groups_per_batch: int) -> int:
         return (alpha + version + 1) * groups_per_batch
-
-    async def try_admit(self, *, version: int, alpha: int, groups_per_batch: int, groups: int = 1) -> bool:
-        """Reserve ``groups`` running slots if the staleness bound allows it."""
-        if alpha < 0 or groups_per_batch < 1 or groups < 1:
-            raise ValueError("alpha must be >= 0, groups_per_batch and groups >= 1")
-        ok = await self._try_admit(keys=[self.key], args=[alpha, version, groups_per_batch, groups])
-        return bool(ok)
 
     async def admit_up_to(self, *, version: int, alpha: int, groups_per_batch: int, groups: int) -> int:
         """Reserve up to ``groups`` running slots, as many as the staleness bound allows; how many."""

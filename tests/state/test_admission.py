@@ -7,17 +7,22 @@ import asyncio
 from rollart.state import AdmissionCounters
 
 
+async def admit(counters: AdmissionCounters, *, groups: int = 1, **bound: int) -> bool:
+    """All ``groups`` admitted (the feeder asks for up to the rest of a batch)."""
+    return await counters.admit_up_to(groups=groups, **bound) == groups
+
+
 def _counters(runtime) -> AdmissionCounters:
     return AdmissionCounters(runtime.redis, prefix=runtime.config.redis.key_prefix, job=runtime.config.job)
 
 
 async def test_bound_follows_version_and_alpha(runtime):
     counters = _counters(runtime)
-    admitted = [await counters.try_admit(version=0, alpha=1, groups_per_batch=2) for _ in range(6)]
+    admitted = [await admit(counters, version=0, alpha=1, groups_per_batch=2) for _ in range(6)]
     assert admitted == [True] * 4 + [False] * 2  # (1 + 0 + 1) * 2 = 4 groups
     await counters.finish(groups=2, accepted=True)  # two groups reached the trainer's buffer
-    assert not await counters.try_admit(version=0, alpha=1, groups_per_batch=2), "accepted still counts"
-    assert await counters.try_admit(version=1, alpha=1, groups_per_batch=2), "a new version opens room"
+    assert not await admit(counters, version=0, alpha=1, groups_per_batch=2), "accepted still counts"
+    assert await admit(counters, version=1, alpha=1, groups_per_batch=2), "a new version opens room"
     await counters.finish(groups=1, accepted=False)  # an aborted group frees its slot
     snap = await counters.snapshot()
     assert (snap.accepted, snap.running, snap.admitted, snap.dropped) == (2, 2, 5, 1)
@@ -25,13 +30,13 @@ async def test_bound_follows_version_and_alpha(runtime):
 
 async def test_alpha_zero_is_one_batch_at_a_time(runtime):
     counters = _counters(runtime)
-    assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3, groups=3)
-    assert not await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
+    assert await admit(counters, version=0, alpha=0, groups_per_batch=3, groups=3)
+    assert not await admit(counters, version=0, alpha=0, groups_per_batch=3)
 
 
 async def test_concurrent_feeders_never_over_admit(runtime):
     counters = _counters(runtime)
-    results = await asyncio.gather(*(counters.try_admit(version=2, alpha=2, groups_per_batch=4) for _ in range(50)))
+    results = await asyncio.gather(*(admit(counters, version=2, alpha=2, groups_per_batch=4) for _ in range(50)))
     assert sum(results) == (2 + 2 + 1) * 4
     assert (await counters.snapshot()).running == 20
 
@@ -39,7 +44,7 @@ async def test_concurrent_feeders_never_over_admit(runtime):
 async def test_rebuild_restores_counters(runtime):
     counters = _counters(runtime)
     await counters.rebuild(accepted=7, running=1)
-    assert not await counters.try_admit(version=0, alpha=7, groups_per_batch=1)
+    assert not await admit(counters, version=0, alpha=7, groups_per_batch=1)
     snap = await counters.snapshot()
     assert (snap.accepted, snap.running) == (7, 1)
 
@@ -47,7 +52,7 @@ async def test_rebuild_restores_counters(runtime):
 async def test_a_group_the_trainer_drops_gives_its_place_back_once(runtime):
     counters = _counters(runtime)
     for _ in range(3):
-        assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
+        assert await admit(counters, version=0, alpha=0, groups_per_batch=3)
     await counters.finish(accepted=True, group_id="g1")
     await counters.finish(accepted=True, group_id="g2")
     await counters.finish(accepted=False, group_id="g3")  # aborted at the env stage: never accepted
@@ -62,8 +67,8 @@ async def test_a_group_the_trainer_drops_gives_its_place_back_once(runtime):
     assert (snap.accepted, snap.dropped) == (1, 2)
     assert await runtime.redis.scard(counters.accepted_groups_key) == 0, "the id set does not grow"
     # the freed place is admissible again under the same version
-    assert await counters.try_admit(version=0, alpha=0, groups_per_batch=3, groups=2)
-    assert not await counters.try_admit(version=0, alpha=0, groups_per_batch=3)
+    assert await admit(counters, version=0, alpha=0, groups_per_batch=3, groups=2)
+    assert not await admit(counters, version=0, alpha=0, groups_per_batch=3)
 
 
 async def test_a_group_finishing_after_a_rebuild_with_nothing_running_moves_nothing(runtime):
