@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
-from typing import Awaitable, Callable, Iterator, TypeVar
+from typing import Awaitable, Callable, Iterator, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -109,3 +112,14 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         request._handle_signals()  # back to the event loop's handlers
+
+
+def exit_without_teardown(code: int = 0) -> NoReturn:
+    """Leave the process now with ``code``, once its work is stopped and closed: logs flushed, then
+    ``os._exit``, skipping the interpreter's teardown (module globals cleared, native destructors run
+    while native threads still live), where a library's native code can abort or crash a process
+    that finished cleanly."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

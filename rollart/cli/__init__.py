@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import logging
 import signal
@@ -336,6 +337,9 @@ def consume_cmd(stage: Annotated[str, typer.Argument(help=" | ".join(STAGE_NAMES
         err_console.print(f"[red]--resume is for the trainer only, not {stage}[/red]")
         raise typer.Exit(2)
     logging.getLogger("rollart").setLevel(logging.INFO)
+    # a crash in native code (vLLM, torch, Mooncake) prints every thread's Python stack to the stage's log
+    if not faulthandler.is_enabled() and sys.__stderr__ is not None:
+        faulthandler.enable(sys.__stderr__)
     from rollart.stages import entry
 
     try:
@@ -343,6 +347,10 @@ def consume_cmd(stage: Annotated[str, typer.Argument(help=" | ".join(STAGE_NAMES
     except ValueError as exc:
         err_console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
+    if spec.exit_at_stop:
+        from rollart.bus.stopping import exit_without_teardown
+
+        exit_without_teardown(0)
 
 
 @model_app.command("init-tiny")

@@ -36,6 +36,10 @@ class Stage:
     # "module:function" (config) -> None, called before the runner's module is imported: work that may
     # start while this process imports the stage's own modules (generation: the engine's fork server)
     prelude: str | None = None
+    # After a clean stop its process leaves at once, past the interpreter's teardown, where native
+    # threads and destructors (vLLM's engine client, oneDNN, the Mooncake client, gloo) can crash it:
+    # a drained member would exit -11 and its supervisor count it failed (seen once in CI, generation)
+    exit_at_stop: bool = False
 
     def needed(self, config) -> bool:
         return self.requires is None or getattr(config, self.requires) is not None
@@ -77,12 +81,12 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     # Declaration order is start order: consumers first, the feeder (which releases work) last.
     Stage("generation", ("gen-{pool}",), "rollart.stages.generation:run_generation",
           "an LLM engine serving one pool's requests", per_pool=True, options=("pool",), short="gen",
-          prelude="rollart.engines.forkserver:start_for_job"),
+          prelude="rollart.engines.forkserver:start_for_job", exit_at_stop=True),
     Stage("env", ("env", "env-actions"), "rollart.stages.env:run_env", "runs trajectories (groups of tasks)",
           scale_groups=("env",)),
     Stage("reward", ("reward", "reward-judge"), "rollart.stages.reward:run_reward", "scores completed trajectories"),
     Stage("trainer", ("trainer",), "rollart.stages.trainer:run_trainer", "trains and publishes weights",
-          single_writer=True, runs="training", scale_groups=(), options=("resume",)),
+          single_writer=True, runs="training", scale_groups=(), options=("resume",), exit_at_stop=True),
     Stage("eval", ("eval",), "rollart.stages.evaluation:run_eval", "held-out evaluation pinned to versions",
           single_writer=True, requires="eval", runs="training", scale_groups=()),
     Stage("feeder", (), "rollart.stages.feeder:run_feeder", "releases task groups under the staleness bound",

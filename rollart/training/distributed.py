@@ -305,10 +305,9 @@ def exit_stopped_rank() -> NoReturn:
     """A rank above 0 that rank 0 stopped cleanly exits 0 now, past the interpreter's teardown:
     there gloo's C++ threads, still alive, can abort the process ("terminate called without an
     active exception", pytorch#179291), and its supervisor would count a finished rank as failed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from rollart.bus.stopping import exit_without_teardown
+
+    exit_without_teardown(0)
 
 
 def main() -> None:

@@ -103,7 +103,9 @@ def test_generation_and_env_grow_then_shrink_mid_run(endpoints, tiny_model, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert json.loads(retired.read_text()) == {"gen-default-1": 0, "env-1": 0}, "the leaving members drained, exit 0"
+    codes = json.loads(retired.read_text())
+    logs = {name: (out / "logs" / f"{name}.log").read_text(errors="replace")[-6000:] for name, code in codes.items() if code}
+    assert codes == {"gen-default-1": 0, "env-1": 0}, f"the leaving members drained, exit 0; their logs: {logs}"
     report = json.loads((out / "report.json").read_text())
     steps = [s["step"] for s in report["steps"]]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= grown_at + 3, "no step lost or repeated"

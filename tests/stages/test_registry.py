@@ -3,9 +3,11 @@ local runners, chaos, deploy and the ACLs follow it, and a new stage is one entr
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from rollart.chaos.inject import KILLABLE, stage_of
@@ -15,6 +17,7 @@ from rollart.deploy import render_job
 from rollart.stages.registry import OBSERVER_GROUPS, STAGES, Stage, local_processes
 from rollart.topics import load_catalog
 from rollart.topics.access import job_access
+from tests.conftest import REPO
 
 
 def test_the_catalog_and_the_registry_agree():
@@ -62,6 +65,25 @@ def test_a_new_stage_is_one_registry_entry(monkeypatch, tmp_path):
     assert toy_stage.RAN == ["toyjob"], "`rollart consume toy` ran its runner"
     refused = CliRunner().invoke(app, ["consume", "toy", "--pool", "a", "--config", str(tmp_path / "job.yaml")])
     assert refused.exit_code == 2 and "not toy" in refused.output
+
+
+@pytest.mark.parametrize("exit_at_stop", [True, False])
+def test_a_stage_that_exits_at_stop_leaves_past_a_crashing_teardown(tmp_path, exit_at_stop):
+    """A member that stopped cleanly exits 0 although its interpreter's teardown would crash (CI saw a
+    drained generation member exit -11); without ``exit_at_stop`` the same crash is its exit code."""
+    (tmp_path / "job.yaml").write_text("job: toyjob\n")
+    script = (
+        "import sys\n"
+        "from rollart.cli import app\n"
+        "from rollart.stages.registry import STAGES, Stage\n"
+        "STAGES['toy'] = Stage('toy', ('toy',), 'tests.stages.toy_stage:run_toy_crashing_at_teardown', 'a toy',\n"
+        f"                     exit_at_stop={exit_at_stop})\n"
+        "app(['consume', 'toy', '--config', sys.argv[1]])\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "job.yaml")], capture_output=True,
+                            text=True, timeout=120, cwd=REPO)
+    assert "toy member of toyjob stopped" in result.stdout, result.stderr
+    assert result.returncode == (0 if exit_at_stop else -signal.SIGSEGV), result.stderr
+    assert STAGES["generation"].exit_at_stop and STAGES["trainer"].exit_at_stop
 
 
 def test_a_stages_prelude_runs_before_its_own_modules_are_imported():
