@@ -62,12 +62,13 @@ class VLLMEngine:
 
     async def start(self) -> "VLLMEngine":
         from rollart.bus.stopping import interruptible
-        from rollart.engines.vllm_plugin import ENGINE_WAIT_ENV, NOTIFY_AFTER_ENV, POLL_SLEEP_ENV
+        from rollart.engines.vllm_plugin import ENGINE_WAIT_ENV, KEEP_GEMM_WEIGHTS_ENV, NOTIFY_AFTER_ENV, POLL_SLEEP_ENV
 
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
         os.environ[ENGINE_WAIT_ENV] = self.config.engine_wait  # for vLLM's own processes
         os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)
         os.environ[NOTIFY_AFTER_ENV] = str(self.config.engine_notify_after_us)
+        os.environ[KEEP_GEMM_WEIGHTS_ENV] = "1" if self.config.weight_reload == "direct" else "0"
         if self.config.omp_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.omp_threads_bind
         executor = None if self.config.executor == "auto" else self.config.executor
@@ -196,7 +197,8 @@ class VLLMEngine:
             await self._engine.resume_generation()
 
     async def load_weights_paused(self, directory: str | Path, version: int) -> None:
-        loaded = await self._engine.collective_rpc("rollart_load_weights", args=(str(directory),))
+        loaded = await self._engine.collective_rpc("rollart_load_weights",
+                                                   args=(str(directory), self.config.weight_reload == "direct"))
         if not loaded or not all(loaded):
             raise RuntimeError(f"no tensors loaded from {directory}")
         await self._engine.update_weight_version(str(version))  # the label of every step from here on

@@ -20,6 +20,9 @@ cores are the ones the env, generation, trainer and bus clients need. ``generati
 * ``spin``: vLLM's own ``sched_yield`` loop.
 
 GPUs are left as they are: there the spin is what keeps a step's launch latency low.
+
+Also on CPU, with ``generation.weight_reload: direct`` (``ROLLART_VLLM_KEEP_GEMM_WEIGHTS=1``), linear
+layers keep their plain weights beside the packed GEMM copies (:func:`keep_gemm_weights`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 ENGINE_WAIT_ENV = "ROLLART_VLLM_ENGINE_WAIT"
 POLL_SLEEP_ENV = "ROLLART_VLLM_POLL_SLEEP_US"
 NOTIFY_AFTER_ENV = "ROLLART_VLLM_NOTIFY_AFTER_US"
+KEEP_GEMM_WEIGHTS_ENV = "ROLLART_VLLM_KEEP_GEMM_WEIGHTS"  # "1": generation.weight_reload is direct
 DEFAULT_ENGINE_WAIT = "notify"
 DEFAULT_POLL_SLEEP_US = 200
 DEFAULT_NOTIFY_AFTER_US = 1000
@@ -59,14 +63,40 @@ def notify_after_s() -> float:
 
 def register() -> None:
     """Called by vLLM's ``load_general_plugins`` in every vLLM process."""
-    mode, sleep_s = engine_wait(), poll_sleep_s()
-    if mode == "spin" or (mode == "sleep" and sleep_s == 0):
-        return
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
+    if os.environ.get(KEEP_GEMM_WEIGHTS_ENV) == "1":
+        keep_gemm_weights()
+    mode, sleep_s = engine_wait(), poll_sleep_s()
+    if mode == "spin" or (mode == "sleep" and sleep_s == 0):
+        return
     patch_spin_condition(mode, sleep_s, notify_after_s())
+
+
+def keep_gemm_weights() -> bool:
+    """Linear layers keep their plain weight beside the packed copy vLLM's CPU backend makes at load
+    (it drops the weight to save memory), so that ``generation.weight_reload: direct`` can copy a new
+    version into it and re-pack (rollart.engines.weight_loader). False (and a warning) if this vLLM
+    has no such packing step. Idempotent."""
+    try:
+        from vllm.model_executor.layers import utils
+    except ImportError:
+        utils = None
+    dispatch = getattr(utils, "dispatch_cpu_unquantized_gemm", None)
+    if dispatch is None:
+        log.warning("rollart: vLLM's dispatch_cpu_unquantized_gemm is gone; weights reload layerwise")
+        return False
+    if getattr(dispatch, "rollart_keeps_weight", False):
+        return True
+
+    def keeping(layer, remove_weight: bool) -> None:
+        dispatch(layer, remove_weight=False)
+
+    keeping.rollart_keeps_weight = True  # type: ignore[attr-defined]
+    utils.dispatch_cpu_unquantized_gemm = keeping  # the linear method imports it at each load
+    return True
 
 
 def patch_spin_condition(mode: str, sleep_s: float = DEFAULT_POLL_SLEEP_US / 1e6,

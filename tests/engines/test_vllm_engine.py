@@ -211,3 +211,43 @@ async def test_tokens_carry_the_version_the_engine_core_sampled_them_with(engine
         assert set((await engine.generate(request("after"))).versions) == {7}
     finally:
         await engine.load_weights(stage_state(state, tmp_path / "back", bucket_bytes=1 << 20), before)
+
+
+@pytest.mark.parametrize("reload", ["direct", "layerwise"])
+async def test_each_weight_reload_loads_every_tensor(engine, tiny_model, tmp_path, reload):
+    """After a load of weights that moved every tensor (the tied embedding included) the engine's
+    logprobs are the trainer's, by a direct load (the suite engine's default: its linear layers kept
+    their plain weights) and by vLLM's layerwise reload; and back again after the original weights."""
+    import torch
+
+    from rollart.training.torch_backend import TorchBackend, token_logprobs
+    from rollart.weights.buckets import stage_state
+
+    backend = TorchBackend(tiny_model, prefix_tree=False)
+    original = {name: tensor.clone() for name, tensor in backend.state_dict().items()}
+    config, before = engine.config, engine.version
+    assert await engine._engine.collective_rpc("rollart_weight_reload", args=(True,)) == ["direct"]
+
+    async def gap() -> float:
+        result = await engine.generate(GenerationRequest(
+            traj_id="reload", turn=0, group_id="g", tag="x", pool="default", prompt_ids=Int32Array([5, 9, 14, 3]),
+            reply_partition=0, sampling=SamplingParams(temperature=1.0, max_tokens=12, seed=3)))
+        ids = torch.tensor([[5, 9, 14, 3, *result.token_ids]])
+        with torch.no_grad():
+            trainer = token_logprobs(backend.model, ids, torch.ones_like(ids))[0, 3:]
+        return float((trainer - torch.tensor(list(result.logprobs))).abs().max())
+
+    engine.config = config.model_copy(update={"weight_reload": reload})
+    try:
+        with torch.no_grad():
+            generator = torch.Generator().manual_seed(1)
+            for tensor in backend.model.parameters():
+                tensor.add_(torch.randn(tensor.shape, generator=generator) * 0.5 * tensor.std().clamp(min=0.02))
+        assert await gap() > 0.05, "the moved weights give other logprobs than the engine's"
+        await engine.load_weights(stage_state(backend.state_dict(), tmp_path / "moved", bucket_bytes=1 << 20), 5)
+        assert await gap() < 2e-3
+    finally:
+        await engine.load_weights(stage_state(original, tmp_path / "back", bucket_bytes=1 << 20), before)
+        engine.config = config
+    backend.model.load_state_dict(original)
+    assert await gap() < 2e-3
