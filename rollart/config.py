@@ -311,12 +311,12 @@ class GenerationConfig(Section):
     serve_order: Literal["arrival", "oldest_group"] = "arrival"
     # Requests in flight when new weights load: re-prefill them under the new weights, or keep their KV.
     on_weight_update: Literal["recompute", "keep"] = "recompute"
-    # How a version's tensors go into the engine: "direct" copies them into the model's own parameters
-    # (the model's load_weights, as at start-up) and, on CPU, re-packs each GEMM's copy, for which every
-    # linear layer keeps its plain weight beside the packed one (vLLM drops it: that memory twice);
+    # How a version's tensors go into the engine: "direct" as vLLM's loader does at start-up (the model's
+    # load_weights, then each layer's processing: on CPU each GEMM's packed copy, for which every linear
+    # layer keeps its plain weight beside the packed one, where vLLM drops it: that memory twice);
     # "layerwise" is vLLM's generic in-place reload (each layer restored from meta, loaded, processed
-    # again), ~1.7x as long on the demo's model (README, "How a rollout flows"). A quantized model is
-    # always reloaded layerwise.
+    # again), 2-4x as long on the demo's model (README, "Generation"). A quantized model is always
+    # reloaded layerwise.
     weight_reload: Literal["direct", "layerwise"] = "direct"
     follow_versions: bool = True  # pull and load each announced version
     weight_staging_dir: Path | None = None  # None: a temporary directory per consumer

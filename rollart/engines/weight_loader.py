@@ -3,15 +3,16 @@
 Only a directory path crosses the RPC (tensors would be serialised to lists on the way).
 ``generation.weight_reload`` picks how the tensors go in:
 
-* ``direct``: the model's own ``load_weights`` copies each into its parameter (stacked q/k/v and
-  gate/up shards included), as at start-up, and on CPU each GEMM's packed copy is made again from it.
-  The plain weights must still be there: vLLM's CPU backend drops them after packing unless the plugin
-  keeps them (:func:`rollart.engines.vllm_plugin.keep_gemm_weights`).
+* ``direct``: what vLLM's loader does at start-up, into the live model: the model's own
+  ``load_weights`` copies each tensor into its parameter (stacked q/k/v and gate/up shards included),
+  then each layer's processing after loading runs again (on CPU: each GEMM's packed copy is made again
+  from the new weight). The plain weights must still be there: vLLM's CPU backend drops them after
+  packing unless the plugin keeps them (:func:`rollart.engines.vllm_plugin.keep_gemm_weights`).
 * ``layerwise``: the model runner's ``reload_weights``: vLLM's generic reload restores each layer from
   its recorded metadata, loads it and runs the layer's processing again (the CPU packing included).
-  It handles any model (a quantized one too), at ~1.7x the time of ``direct`` on the demo's model.
+  It handles any model (a quantized one too), at 2-4x the time of ``direct`` on the demo's model.
 
-Either way a tied ``lm_head`` is re-packed afterwards (:func:`refresh_cpu_gemm_copies`).
+After a layerwise reload a tied ``lm_head`` is re-packed too (:func:`refresh_cpu_gemm_copies`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,10 @@ class WeightLoaderExtension:
 
         model = self.model_runner.get_model()
         if self.rollart_weight_reload(direct) == "direct":
-            import torch
-
-            with torch.no_grad():
-                model.load_weights(weights())
+            load_directly(model, self.model_runner.model_config, weights())
         else:
             self.model_runner.reload_weights(weights_iterator=weights())
-        refresh_cpu_gemm_copies(model)
+            refresh_cpu_gemm_copies(model)
         return count
 
     def rollart_weight_reload(self, direct: bool) -> str:
@@ -54,6 +52,19 @@ class WeightLoaderExtension:
             self._rollart_warned = True
             log.warning("rollart: this model reloads layerwise (quantized, or its GEMM weights were dropped)")
         return "layerwise"
+
+
+def load_directly(model, model_config, weights) -> None:
+    """What vLLM's loader does at start-up, into the live model: ``load_weights`` (each tensor into its
+    parameter), then every layer's processing after loading (on CPU each GEMM's packed copy, the tied
+    ``lm_head``'s included; an attention layer's derived weights, as MLA's)."""
+    import torch
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    with torch.no_grad():
+        model.load_weights(weights)
+        device = next(model.parameters()).device
+        process_weights_after_loading(model, model_config, device)
 
 
 def loads_directly(model, model_config) -> bool:
@@ -71,9 +82,8 @@ def refresh_cpu_gemm_copies(model) -> int:
     On CPU, vLLM packs a copy of each GEMM weight at load time (``cpu_linear``). A tied ``lm_head``
     shares the embedding's parameter but owns its packed copy, and neither reload loads it (the
     checkpoint has no lm_head when tied): the engine would keep sampling from the *initial* output
-    projection. Found by the weight-sync test that perturbs every tensor. After a direct load every
-    linear layer is re-packed here; after a layerwise one, layers whose weight was dropped after
-    packing (``numel() == 0``) were re-packed by the reload itself."""
+    projection. Found by the weight-sync test that perturbs every tensor. Layers whose weight was
+    dropped after packing (``numel() == 0``) were re-packed by the reload itself."""
     try:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
         from vllm.platforms import current_platform
