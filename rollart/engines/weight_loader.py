@@ -80,7 +80,7 @@ def refresh_cpu_gemm_copies(model) -> int:
     """Re-pack the CPU GEMM copies of layers that keep their weight beside a packed copy.
 
     On CPU, vLLM packs a copy of each GEMM weight at load time (``cpu_linear``). A tied ``lm_head``
-    shares the embedding's parameter but owns its packed copy, and neither reload loads it (the
+    shares the embedding's parameter but owns its packed copy, and ``reload_weights`` skips it (the
     checkpoint has no lm_head when tied): the engine would keep sampling from the *initial* output
     projection. Found by the weight-sync test that perturbs every tensor. Layers whose weight was
     dropped after packing (``numel() == 0``) were re-packed by the reload itself."""
