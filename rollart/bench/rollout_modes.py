@@ -10,10 +10,17 @@ code, two schedules:
 
 Env step latency is Gaussian(mu, sigma) clipped at 0, for several sigma/mu. The figure is the
 batch schedule's rollout time over the trajectory schedule's (paper: 1.23x at 0.1 to 2.27x at 1).
+
+Beside it, what a turn costs in CPU in each schedule (``/proc``, around each run): this process (the
+env and generation stages and the engine's client), the vLLM engine (core and worker), the stack's
+services where this benchmark started them (the broker), and the engine's steps per turn (vLLM's own
+counter). ``cpu_busy`` is that CPU over the run's time on this process's cores: near 1, a schedule is
+bound by the machine's compute and no longer by how its turns wait.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +29,7 @@ from typing import Any
 from rollart.bench.envs import set_lockstep
 from rollart.bench.session import BenchSession, bench_session
 from rollart.config import RollartConfig
+from rollart.proctree import engine_root_pid, process_table, tree_cpu_s
 
 MODES = ("batch", "trajectory")
 
@@ -48,6 +56,55 @@ async def _rollout(harness, tag: str, prefix: str, groups: int, group_size: int)
     return max(harness.completed_at[t] for group_id in ids for t in harness.ended(group_id)["completed"]) - started
 
 
+def _cpu_targets(session: BenchSession) -> dict[str, tuple[int, bool]]:
+    """Where a turn's CPU goes, by name: (pid, with its children)."""
+    me, table = os.getpid(), process_table()
+    engine = engine_root_pid(me, table)
+    return {"stages": (me, False), **({"engine": (engine, True)} if engine is not None else {}),
+            **{name: (pid, True) for name, pid in session.services.items()}}
+
+
+def _cpu_s(targets: dict[str, tuple[int, bool]]) -> dict[str, float]:
+    table = process_table()
+    return {name: tree_cpu_s(pid, children=children, table=table) or 0.0 for name, (pid, children) in targets.items()}
+
+
+def _engine_steps() -> float | None:
+    """vLLM's count of engine steps so far (its client's stat logger; None if it keeps none)."""
+    from prometheus_client import REGISTRY
+
+    counts = [sample.value for metric in REGISTRY.collect() if metric.name == "vllm:iteration_tokens_total"
+              for sample in metric.samples if sample.name.endswith("_count")]
+    return sum(counts) if counts else None
+
+
+class CpuAccount:
+    """CPU seconds per process and engine steps summed over a schedule's runs, and their time."""
+
+    def __init__(self) -> None:
+        self.cpu_s: dict[str, float] = {}
+        self.steps: float | None = 0.0
+        self.wall_s = 0.0
+        self.turns = 0
+
+    async def measure(self, targets: dict[str, tuple[int, bool]], run, turns: int) -> float:
+        before, steps = _cpu_s(targets), _engine_steps()
+        seconds = await run
+        after, steps_after = _cpu_s(targets), _engine_steps()
+        for name, cpu_s in after.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + max(0.0, cpu_s - before.get(name, cpu_s))
+        self.steps = None if self.steps is None or steps is None or steps_after is None \
+            else self.steps + steps_after - steps
+        self.wall_s, self.turns = self.wall_s + seconds, self.turns + turns
+        return seconds
+
+    def summary(self) -> dict[str, Any]:
+        per_turn = {name: 1000 * cpu_s / self.turns for name, cpu_s in self.cpu_s.items()}
+        return {"cpu_ms_per_turn": {**per_turn, "total": sum(per_turn.values())},
+                "cpu_busy": sum(self.cpu_s.values()) / (self.wall_s * len(os.sched_getaffinity(0))),
+                "engine_steps_per_turn": None if self.steps is None else self.steps / self.turns}
+
+
 async def bench_traj_vs_batch(config: RollartConfig, work_dir: Path, *, mu_s: float = 0.05,
                               ratios: tuple[float, ...] = (0.1, 0.5, 1.0), groups: int = 8, group_size: int = 8,
                               turns: int = 8, repeats: int = 3) -> dict[str, Any]:
@@ -59,25 +116,31 @@ async def _measure(session: BenchSession, mu_s, ratios, groups, group_size, turn
     for i in range(len(ratios)):
         set_lockstep(f"batch-r{i}", groups * group_size)
     times: dict[tuple[str, int], list[float]] = {(m, i): [] for m in MODES for i in range(len(ratios))}
+    accounts = {key: CpuAccount() for key in times}
     configs = {m: session.config(f"bench-{m}", tags=_tags(m, ratios, mu_s, turns)) for m in MODES}
     async with session.harness(configs["batch"]) as batch, session.harness(configs["trajectory"]) as traj:
         harnesses = {"batch": batch, "trajectory": traj}
         for h in harnesses.values():
             await h.ready()
         await _rollout(traj, "r0", "warmup-", 2, group_size)  # engine shapes, first-call costs
+        targets = _cpu_targets(session)  # the engine's processes are up now
         for rep in range(repeats):
             for i in range(len(ratios)):
                 order = MODES if rep % 2 == 0 else MODES[::-1]  # alternate: drift hits both alike
                 for mode in order:
                     # the same ids in both modes: FaultyEnv seeds by trajectory id, so the same latencies
-                    times[(mode, i)].append(await _rollout(harnesses[mode], f"r{i}", f"rep{rep}r{i}-",
-                                                           groups, group_size))
+                    run = _rollout(harnesses[mode], f"r{i}", f"rep{rep}r{i}-", groups, group_size)
+                    times[(mode, i)].append(await accounts[(mode, i)].measure(targets, run,
+                                                                              groups * group_size * turns))
     rows = []
     for i, ratio in enumerate(ratios):
         batch_s, traj_s = statistics.median(times[("batch", i)]), statistics.median(times[("trajectory", i)])
+        cpu = {mode: accounts[(mode, i)].summary() for mode in MODES}
         rows.append({"sigma_over_mu": ratio, "mu_s": mu_s, "batch_s": batch_s, "trajectory_s": traj_s,
                      "speedup": batch_s / traj_s, "batch_runs_s": times[("batch", i)],
-                     "trajectory_runs_s": times[("trajectory", i)]})
+                     "trajectory_runs_s": times[("trajectory", i)],
+                     **{f"{mode}_cpu_ms_per_turn": cpu[mode]["cpu_ms_per_turn"]["total"] for mode in MODES},
+                     "trajectory_cpu_busy": cpu["trajectory"]["cpu_busy"], "cpu": cpu})
     return {"benchmark": "traj-vs-batch", "speedup": rows[-1]["speedup"],
             "speedup_by_sigma_over_mu": {str(r["sigma_over_mu"]): r["speedup"] for r in rows},
             "paper": {"0.1": 1.23, "1.0": 2.27},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -23,6 +23,9 @@ class BenchSession:
     engine: Any
     chat: Any
     model_path: Path
+    # The stack's services this session started (the broker's JVM...), by name: their CPU counts in a
+    # benchmark's accounting; a configured stack's are not this machine's to read.
+    services: dict[str, int] = field(default_factory=dict)
 
     def config(self, job: str, **sections: Any) -> RollartConfig:
         """A job config for one run on this session's stack and engine."""
@@ -70,8 +73,10 @@ async def bench_session(config: RollartConfig, work_dir: Path, *, max_concurrenc
     ``model_path``); ``mooncake=None`` starts a Mooncake store with a throw-away stack."""
     from rollart.engines.vllm_engine import VLLMEngine
     from rollart.models.tiny import ensure_model
+    from rollart.bench.stage_cpu import stack_pids
     from rollart.rollout.chat import ChatFormat
     from rollart.local.endpoints import job_endpoints
+    from rollart.local.stack import STACK_FILE
 
     model_path = Path(model_path or ensure_model(config.model))
     with job_endpoints(config, work_dir / "stack", mooncake=mooncake) as endpoints:
@@ -79,7 +84,8 @@ async def bench_session(config: RollartConfig, work_dir: Path, *, max_concurrenc
                                                                             "max_model_len": 2048}))
         await engine.start()
         try:
-            yield BenchSession(config, endpoints, engine, ChatFormat.from_pretrained(model_path), model_path)
+            yield BenchSession(config, endpoints, engine, ChatFormat.from_pretrained(model_path), model_path,
+                               stack_pids(work_dir / "stack" / STACK_FILE))
         finally:
             engine.shutdown()
 

@@ -47,6 +47,14 @@ async def test_traj_vs_batch_runs_both_schedules(endpoints, engine, chat, tiny_m
         # the ratio is the benchmark's figure, not a test's: timings on a shared machine are noise
         assert row["batch_s"] > 0 and row["trajectory_s"] > 0
         assert row["speedup"] == pytest.approx(row["batch_s"] / row["trajectory_s"], rel=0.01)
+        for mode in ("batch", "trajectory"):  # what a turn cost, and where: this process and the engine's
+            cpu = row["cpu"][mode]
+            assert cpu["cpu_ms_per_turn"]["stages"] > 0 and cpu["cpu_ms_per_turn"]["engine"] > 0
+            assert row[f"{mode}_cpu_ms_per_turn"] == cpu["cpu_ms_per_turn"]["total"] == \
+                pytest.approx(cpu["cpu_ms_per_turn"]["stages"] + cpu["cpu_ms_per_turn"]["engine"])
+            assert 0 < cpu["cpu_busy"] <= 1.2
+            # each turn's request takes 2 steps (max_tokens 2: its prefill, then one decode), shared with others
+            assert 0 < cpu["engine_steps_per_turn"] <= 2
 
 
 def test_overhead_quantiles_count_only_the_turns_between_two_reads():
