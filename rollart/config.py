@@ -277,6 +277,11 @@ class GenerationConfig(Section):
     # engine core's own process: on 2 cores it starts ~10 s sooner and answers one request 1.5x sooner
     # but the engine then uses one core, and a demo run's steps took 8-12% longer (README, CPU plan).
     executor: Literal["auto", "uni", "mp"] = "auto"
+    # vLLM's enforce_eager. True: the model runs op by op. False: vLLM compiles it (torch.compile; on a GPU
+    # also CUDA graphs, vLLM's usual speed-up for decode). On the 2-core CPU machine compiling cut the
+    # engine's CPU per turn by ~8% but added ~10 s to every engine start (vLLM 0.32 failed to load its own
+    # compile cache and compiled again), which a short run and the test suite pay (README, CPU plan).
+    enforce_eager: bool = True
     # How vLLM's engine core process (and on CPU its worker) starts. "forkserver": forked from a server
     # that imported vLLM's engine core and worker modules while this process imported vLLM, with vLLM's
     # CPU preloads, the worker's OpenMP binding applied by rollart (rollart/engines/forkserver.py);

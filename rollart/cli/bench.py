@@ -87,7 +87,7 @@ def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
     from rollart.bench.rollout_modes import bench_traj_vs_batch
 
     run_benchmark(config, out, bench_traj_vs_batch,
-                  ["sigma_over_mu", "batch_s", "trajectory_s", "speedup", "batch_cpu_ms_per_turn",
+                  ["sigma_over_mu", "batch_s", "trajectory_s", "speedup", "env_only_speedup", "batch_cpu_ms_per_turn",
                    "trajectory_cpu_ms_per_turn", "trajectory_cpu_busy"],
                   "trajectory-level over batched at the largest sigma/mu", mu_s=mu, repeats=repeats,
                   groups=max(1, trajectories // 8), group_size=8, turns=turns)

@@ -84,7 +84,8 @@ class VLLMEngine:
             forkserver.start_engine_core_with(self.config.engine_core_start)
             policy = "priority" if self.config.serve_order == "oldest_group" else "fcfs"
             args = AsyncEngineArgs(model=self.model_path, dtype=self.config.dtype,
-                                   max_model_len=self.config.max_model_len, enforce_eager=True, seed=self.config.seed,
+                                   max_model_len=self.config.max_model_len, enforce_eager=self.config.enforce_eager,
+                                   seed=self.config.seed,
                                    gpu_memory_utilization=self.config.gpu_memory_utilization,
                                    max_num_seqs=self.config.max_concurrency, distributed_executor_backend=executor,
                                    scheduling_policy=policy, block_size=self.config.block_size,

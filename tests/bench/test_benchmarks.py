@@ -57,6 +57,21 @@ async def test_traj_vs_batch_runs_both_schedules(endpoints, engine, chat, tiny_m
             assert 0 < cpu["engine_steps_per_turn"] <= 2
 
 
+def test_the_env_only_figure_is_one_without_variance_and_grows_with_it():
+    """With generation free, lock step costs nothing when every env step takes the same time, and
+    more the wider the latencies spread (the figure the paper's 1.23x-2.27x is about)."""
+    from rollart.bench.rollout_modes import env_only_speedup
+    from rollart.config import Latency
+
+    def figure(sigma_over_mu: float) -> float:
+        return env_only_speedup(Latency(dist="gaussian", mean_s=0.05, sigma_s=0.05 * sigma_over_mu), 64, 8, draws=50)
+
+    assert figure(0.0) == pytest.approx(1.0)
+    assert 1.0 < figure(0.1) < figure(0.5) < figure(1.0) < 2.5
+    # fewer turns: a trajectory's sum averages less of its spread away
+    assert env_only_speedup(Latency(dist="gaussian", mean_s=0.05, sigma_s=0.05), 64, 2, draws=50) < figure(1.0)
+
+
 def test_overhead_quantiles_count_only_the_turns_between_two_reads():
     from rollart.bench.pipeline import quantiles_between
 

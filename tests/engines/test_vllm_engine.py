@@ -218,6 +218,28 @@ async def test_each_weight_reload_loads_every_tensor(engine, tiny_model, tmp_pat
     """After a load of weights that moved every tensor (the tied embedding included) the engine's
     logprobs are the trainer's, by a direct load (the suite engine's default: its linear layers kept
     their plain weights) and by vLLM's layerwise reload; and back again after the original weights."""
+    assert engine._engine.vllm_config.model_config.enforce_eager, "generation.enforce_eager's default"
+    await _reload_gives_the_trainers_logprobs(engine, tiny_model, tmp_path, reload)
+
+
+@pytest.mark.timeout(300)
+async def test_a_compiled_engine_takes_a_direct_load(tiny_model, tmp_path):
+    """``generation.enforce_eager: false``: vLLM compiles the model (torch.compile), and a version loaded
+    into the live model reaches the compiled code (no stale copy of a weight kept in its graph)."""
+    from rollart.engines.vllm_engine import VLLMEngine
+
+    compiled = VLLMEngine(tiny_model, GenerationConfig(max_concurrency=8, max_model_len=512, executor="mp",
+                                                       enforce_eager=False))
+    await compiled.start()
+    try:
+        config = compiled._engine.vllm_config
+        assert not config.model_config.enforce_eager and config.compilation_config.mode != 0
+        await _reload_gives_the_trainers_logprobs(compiled, tiny_model, tmp_path, "direct")
+    finally:
+        compiled.shutdown()
+
+
+async def _reload_gives_the_trainers_logprobs(engine, tiny_model, tmp_path, reload: str) -> None:
     import torch
 
     from rollart.training.torch_backend import TorchBackend, token_logprobs
