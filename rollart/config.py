@@ -279,7 +279,7 @@ class GenerationConfig(Section):
     executor: Literal["auto", "uni", "mp"] = "auto"
     # vLLM's enforce_eager. True: the model runs op by op. False: vLLM compiles it (torch.compile; on a GPU
     # also CUDA graphs, vLLM's usual speed-up for decode). On the 2-core CPU machine compiling cut the
-    # engine's CPU per turn by ~8% but added ~10 s to every engine start (vLLM 0.32 failed to load its own
+    # CPU of a turn by 6-19% but added ~10 s to every engine start (vLLM 0.32 failed to load its own
     # compile cache and compiled again), which a short run and the test suite pay (README, CPU plan).
     enforce_eager: bool = True
     # How vLLM's engine core process (and on CPU its worker) starts. "forkserver": forked from a server
