@@ -17,6 +17,7 @@ from rollart.messages.samples import sample_messages
 from rollart.state import VersionStore, connect_redis
 from rollart.topics import PhysicalTopic, expand_catalog, load_catalog
 from rollart.topics.admin import admin_client, apply_topics
+from rollart.timeouts import wait_for
 
 CHECK_TIMEOUT_S = 10.0
 SCRATCH_TOPIC = "_doctor"
@@ -39,7 +40,7 @@ class Doctor:
     async def _run(self, name: str, check: Callable[[], Awaitable[str]]) -> bool:
         started = time.perf_counter()
         try:
-            detail, ok = await asyncio.wait_for(check(), CHECK_TIMEOUT_S), True
+            detail, ok = await wait_for(check(), CHECK_TIMEOUT_S), True
         except asyncio.TimeoutError:
             detail, ok = f"timed out after {CHECK_TIMEOUT_S:.0f}s", False
         except Exception as exc:  # noqa: BLE001 - every failure becomes a reported check

@@ -21,6 +21,7 @@ from rollart.messages import Envelope, Float32Array, GenerationResult, Int32Arra
 from rollart.runtime import Runtime, open_runtime
 from rollart.topics import PhysicalTopic
 from rollart.topics.admin import apply_topics
+from rollart.timeouts import wait_for
 
 
 def _scratch(config: RollartConfig, logical: str, partitions: int) -> PhysicalTopic:
@@ -57,7 +58,7 @@ async def _consume(rt: Runtime, topic: str, n: int, run: str) -> float:
     loop = rt.consumer_loop(f"bench-consume-{run}", [topic], count, max_in_flight=1024)
     task = asyncio.create_task(loop.run())
     await loop.wait_started()
-    await asyncio.wait_for(done.wait(), 300)
+    await wait_for(done.wait(), 300)
     elapsed = time.perf_counter() - first[0]
     loop.stop()
     await task
@@ -113,7 +114,7 @@ class EchoPair:
             self.waiting[message.traj_id] = future = asyncio.get_running_loop().create_future()
             sent = time.perf_counter()
             await self.rt.producer.send(self.ping, message, key=message.traj_id)
-            samples.append(await asyncio.wait_for(future, 30) - sent)
+            samples.append(await wait_for(future, 30) - sent)
         return samples
 
     async def fill(self, n: int, tag: str) -> None:

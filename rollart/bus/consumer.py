@@ -55,6 +55,7 @@ from rollart.metrics import (
     MESSAGES_PROCESSED,
     PAUSED,
 )
+from rollart.timeouts import wait_for
 
 __all__ = ["ConsumerLoop", "Handler", "MessageContext", "Ordering", "PermanentError"]
 
@@ -213,7 +214,7 @@ class ConsumerLoop:
             # Keep calling getmany (returns nothing while paused) so the group sees us alive.
             self._slot_freed.clear()
             try:
-                await asyncio.wait_for(self._slot_freed.wait(), 0.2)
+                await wait_for(self._slot_freed.wait(), 0.2)
             except asyncio.TimeoutError:
                 pass
             await self._consumer.getmany(timeout_ms=0)
@@ -369,7 +370,7 @@ class ConsumerLoop:
             await self._drain(None)
             # bounded (bus.commit_timeout_s): a client retries a commit while no coordinator answers (a broker
             # electing leaders), and a stopping member must still leave; what it left uncommitted is redone
-            await asyncio.wait_for(self._commit(), self.config.bus.commit_timeout_s)
+            await wait_for(self._commit(), self.config.bus.commit_timeout_s)
         except asyncio.TimeoutError:
             log.warning("%s: final commit unanswered after %.0fs: left uncommitted, the next owner redoes it",
                         self.group, self.config.bus.commit_timeout_s)

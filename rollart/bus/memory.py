@@ -25,6 +25,7 @@ from aiokafka.partitioner import murmur2
 
 from rollart.bus.backend import (CommitFailed, ConsumerRecord, OffsetAndMetadata, RebalanceListener, RecordMetadata,
                                  Records, TopicPartition)
+from rollart.timeouts import wait_for
 
 SCHEME = "memory://"
 REBALANCE_TIMEOUT_S = 30.0
@@ -104,7 +105,7 @@ class InMemoryBroker:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout_s)
+            await wait_for(waiter, timeout_s)
         except asyncio.TimeoutError:
             pass
         finally:

@@ -15,7 +15,6 @@ each partition's end from its first fetch response's high watermark.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -26,6 +25,7 @@ from rollart.bus.memory import InMemoryBroker
 from rollart.bus.transaction import isolation_level
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
+from rollart.timeouts import wait_for
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ async def read_to_end(config: RollartConfig, endpoints: Endpoints, physical_topi
             yield record
         return
     consumer = _reader(config, endpoints, f"{config.kafka.client_id}-reader", fetch_max_wait_ms)
-    await asyncio.wait_for(consumer.start(), timeout_s)
+    await wait_for(consumer.start(), timeout_s)
     try:
         tps = _chosen(await topic_partitions(consumer, physical_topic), start)
         if not tps:
@@ -75,7 +75,7 @@ async def tail(config: RollartConfig, endpoints: Endpoints, physical_topic: str,
             yield record
         return
     consumer = _reader(config, endpoints, client_id, config.bus.fetch_max_wait_ms)
-    await asyncio.wait_for(consumer.start(), timeout_s)
+    await wait_for(consumer.start(), timeout_s)
     try:
         tps = _chosen(await topic_partitions(consumer, physical_topic), start)
         consumer.assign(tps)
@@ -127,11 +127,11 @@ async def partitions_of(consumer: AIOKafkaConsumer, topics: list[str]) -> dict[s
 async def _kafka_start(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: ReadStart,
                        timeout_s: float) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """Where ``start`` begins each partition, and each partition's end, from the broker's ListOffsets."""
-    ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
-    firsts = await asyncio.wait_for(consumer.beginning_offsets(tps), timeout_s)
+    ends = await wait_for(consumer.end_offsets(tps), timeout_s)
+    firsts = await wait_for(consumer.beginning_offsets(tps), timeout_s)
     found = {}
     if start.since_ms is not None:
-        found = await asyncio.wait_for(consumer.offsets_for_times({tp: start.since_ms for tp in tps}), timeout_s)
+        found = await wait_for(consumer.offsets_for_times({tp: start.since_ms for tp in tps}), timeout_s)
     offsets = {}
     for tp in tps:
         offset = firsts[tp]
@@ -160,7 +160,7 @@ async def _read_kafka(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
             consumer.seek(tp, offset)
             remaining.add(tp)
     while remaining:
-        batch = await asyncio.wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
+        batch = await wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
         for tp in list(remaining):
             for record in batch.get(tp, ()):
                 if record.offset < ends[tp]:
@@ -181,7 +181,7 @@ async def _read_tansu(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
     ends: dict[TopicPartition, int] = {}
     remaining = set(tps)
     while remaining:
-        batch = await asyncio.wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
+        batch = await wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
         for tp in list(remaining):
             if tp not in ends and consumer.highwater(tp) is not None:
                 ends[tp] = consumer.highwater(tp)

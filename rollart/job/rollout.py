@@ -25,6 +25,7 @@ from rollart.models.tiny import ensure_model
 from rollart.stages.registry import ROLLOUT_COLLECTOR
 from rollart.topics.admin import apply_topics
 from rollart.names import REWARDS_RESULTS, TRAJECTORIES_COMPLETED
+from rollart.timeouts import wait_for
 
 
 async def collect(config: RollartConfig, target: int, procs: StageProcesses, timeout_s: float) -> RunObserver:
@@ -40,7 +41,7 @@ async def collect(config: RollartConfig, target: int, procs: StageProcesses, tim
                 raise TimeoutError(f"collected {len(collector.scored)} of {target} trajectories in {timeout_s}s "
                                    f"(per tag {dict(collector.per_tag)}, shares {collector.shares})")
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(collector.done.wait(), 0.5)
+                await wait_for(collector.done.wait(), 0.5)
     return collector
 
 

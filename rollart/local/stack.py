@@ -29,6 +29,7 @@ from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls
 from rollart.local.children import die_with_parent, on_lasting_thread
 from rollart.local.security import LocalSecurity
 from rollart.local.state import STATE_FILE, StackState, pid_alive, rollart_home, state_path  # noqa: F401 - re-exported
+from rollart.timeouts import wait_for
 
 STACK_FILE = "stack.json"  # in a run's stack folder: the stack a run (or a campaign) started for itself
 STACK_ENV = "ROLLART_STACK"  # in each service's environment: its stack's log folder
@@ -194,8 +195,8 @@ def serves_metadata(bootstrap: str, timeout_s: float = 3.0, **client: Any) -> bo
     async def probe() -> bool:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **client)
         try:
-            await asyncio.wait_for(admin.start(), timeout_s)
-            return bool((await asyncio.wait_for(admin.describe_cluster(), timeout_s)).get("brokers"))
+            await wait_for(admin.start(), timeout_s)
+            return bool((await wait_for(admin.describe_cluster(), timeout_s)).get("brokers"))
         except Exception:  # noqa: BLE001 - not ready yet, whatever the reason
             return False
         finally:

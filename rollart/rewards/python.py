@@ -27,6 +27,7 @@ from rollart.config import PythonReward as PythonRewardSpec
 from rollart.imports import import_by_path
 from rollart.messages import CompletedTrajectory
 from rollart.rewards.http import RewardCallFailed
+from rollart.timeouts import wait_for
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,14 @@ class PythonReward:
 
     async def _call_async(self, sample: RewardInput) -> Any:
         try:
-            return await asyncio.wait_for(self.fn(sample), self.spec.timeout_s)
+            return await wait_for(self.fn(sample), self.spec.timeout_s)
         finally:
             self._slots.release()
 
     async def _call_in_thread(self, sample: RewardInput) -> Any:
         future = asyncio.get_running_loop().run_in_executor(self._threads, self.fn, sample)
         future.add_done_callback(self._thread_done)
-        return await asyncio.wait_for(asyncio.shield(future), self.spec.timeout_s)
+        return await wait_for(asyncio.shield(future), self.spec.timeout_s)
 
     def _thread_done(self, future: asyncio.Future) -> None:
         """The slot is held until the thread is free; a late outcome (after a timeout) is dropped."""

@@ -39,6 +39,7 @@ from prometheus_client import Counter
 from rollart.messages import DEFAULT_CODEC, Abort, GenerationRequest, GenerationResult
 from rollart.messages.codec import H_SCHEMA, Codec
 from rollart.rollout.replies import Delivery
+from rollart.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +340,7 @@ class DirectClient:
             if peer.connection is None or not peer.connection.send(
                     [request_id, REQUEST, self.codec.schema(request), self.codec.encode_value(request)]):
                 raise _Reissue()  # dropped since it was chosen: nothing was sent
-            status, schema, payload, arrived = await asyncio.wait_for(future, self.timeout_s)
+            status, schema, payload, arrived = await wait_for(future, self.timeout_s)
         except asyncio.TimeoutError:
             self._cancel(peer, request)
             raise
@@ -373,7 +374,7 @@ class DirectClient:
                 return peer
             if time.monotonic() - peer.given_up_at > self.RETRY_CONNECT_AFTER_S:
                 try:
-                    await asyncio.wait_for(peer.up.wait(), self.CONNECT_TIMEOUT_S)
+                    await wait_for(peer.up.wait(), self.CONNECT_TIMEOUT_S)
                     return peer
                 except asyncio.TimeoutError:
                     peer.given_up_at = time.monotonic()

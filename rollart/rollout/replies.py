@@ -21,6 +21,7 @@ from rollart.bus import MessageContext
 from rollart.messages import Envelope, GenerationRequest, GenerationResult
 from rollart.runtime import Runtime
 from rollart.names import ENV_ACTIONS, gen_requests
+from rollart.timeouts import wait_for
 
 ORPHANS = Counter("rollart_bus_orphan_replies_total",
                   "Replies for no request of this member (late, after an abort or a re-issue)", ("job", "topic"))
@@ -99,7 +100,7 @@ class ReplyChannel:
             if remaining <= 0:
                 raise NoReplyPartition(f"no {self.reply_topic} partition assigned for {self.timeout_s:.0f}s")
             try:
-                await asyncio.wait_for(self._owned_changed.wait(), remaining)
+                await wait_for(self._owned_changed.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
         self._next = (self._next + 1) % len(self.owned)
@@ -116,7 +117,7 @@ class ReplyChannel:
             self.pending[key] = _Pending(future, request.reply_partition)
             try:
                 await self.rt.producer.send_and_wait(gen_requests(request.pool), request, key=request.traj_id)
-                return await asyncio.wait_for(future, self.timeout_s)
+                return await wait_for(future, self.timeout_s)
             except _Reissue:
                 attempt += 1
             except asyncio.TimeoutError:

@@ -50,6 +50,7 @@ from rollart.runtime import Runtime
 from rollart.state import AdmissionCounters, PoolRegistry, VersionStore
 from rollart.names import ENV_ACTIONS, TASKS, TRAJECTORIES_COMPLETED
 from rollart.stages.runner import Member, run_member
+from rollart.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class TrajectoryRunner:
         for attempt in range(cfg.reset_attempts):
             started = time.perf_counter()
             try:
-                observation = await asyncio.wait_for(env.reset(task.seed, task.prompt, dict(task.labels)),
+                observation = await wait_for(env.reset(task.seed, task.prompt, dict(task.labels)),
                                                      cfg.reset_timeout_s)
                 RESET_LATENCY.labels(self.config.job, task.tag).observe(time.perf_counter() - started)
                 builder.add_time("env_reset", time.perf_counter() - started)
@@ -201,7 +202,7 @@ class TrajectoryRunner:
     async def _step(self, env, action: str, task: TaskSpec, builder: TrajectoryBuilder):
         started = time.perf_counter()
         try:
-            return await asyncio.wait_for(env.step(action), self.config.env.step_timeout_s)
+            return await wait_for(env.step(action), self.config.env.step_timeout_s)
         except asyncio.TimeoutError:
             raise TrajectoryAborted("env_step_timeout") from None
         except Exception as exc:  # noqa: BLE001

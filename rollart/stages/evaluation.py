@@ -45,6 +45,7 @@ from rollart.tracking import Trackers
 from rollart.weights.follower import watch_versions
 from rollart.names import EVAL_RESULTS, EVAL_SUMMARIES, TASKS
 from rollart.stages.runner import Member, Work, run_member
+from rollart.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class EvalStage:
     async def _wait(self, seconds: float) -> None:
         self.changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.changed.wait(), seconds)
+            await wait_for(self.changed.wait(), seconds)
 
     async def evaluate(self, version: int) -> EvalSummary | None:
         """Run one version's evaluation to its summary (None when stopped first: it resumes on restart)."""

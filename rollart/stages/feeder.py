@@ -32,6 +32,7 @@ from rollart.state.admission import AdmissionChanges, starving_key
 from rollart.names import RedisKeys
 from rollart.names import TASKS
 from rollart.stages.runner import Member, run_member
+from rollart.timeouts import wait_for
 
 RELEASED = Counter("rollart_feeder_groups_released_total", "Task groups released", ("job", "tag"))
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ class Feeder:
         feeder stayed held back and only the starvation release moved it, a batch of stale groups
         at a time.)"""
         try:  # nothing released yet (a new job): nothing to read
-            rows = await asyncio.wait_for(consumer_lag(self.config, self.rt.endpoints), 30) if released else []
+            rows = await wait_for(consumer_lag(self.config, self.rt.endpoints), 30) if released else []
             running = min(released, sum(r.lag for r in rows if r.group == "env" and r.topic == TASKS))
         except Exception as exc:  # noqa: BLE001 - e.g. no ACL to read the env group's offsets, or a timeout
             log.warning("admission counters lost and the env group's offsets unreadable (%s): counting every "

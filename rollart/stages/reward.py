@@ -42,6 +42,7 @@ from rollart.runtime import Runtime
 from rollart.stages.feeder import sources_from, task_spec
 from rollart.stages.runner import Member, run_member
 from rollart.names import REWARDS_JUDGE, TASKS, TRAJECTORIES_COMPLETED
+from rollart.timeouts import wait_for
 
 FAILURES = Counter("rollart_reward_failures_total", "Trajectories that could not be scored", ("job", "tag", "type"))
 REWARD_FAILED = "reward_failed"  # the reason of the Abort the trainer gets for a dead-lettered member
@@ -114,7 +115,7 @@ class RewardBridge:
                                      sampling=sampling, created_at=time.time())
 
         try:
-            verdict = (await asyncio.wait_for(self.judge.request(build), spec.timeout_s)).result
+            verdict = (await wait_for(self.judge.request(build), spec.timeout_s)).result
         except (asyncio.TimeoutError, NoReplyPartition) as exc:
             raise RewardCallFailed(f"judge pool {spec.pool} gave no verdict: {type(exc).__name__}", False) from None
         score = extract_answer(self.chat.decode_action(verdict.token_ids))

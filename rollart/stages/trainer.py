@@ -37,6 +37,7 @@ from rollart.state.admission import AdmissionCounters, starving_key
 from rollart.weights.follower import pulling_versions
 from rollart.names import REWARDS_RESULTS
 from rollart.stages.runner import Member, Work, run_member
+from rollart.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ class TrainerStage:
             await self._mark_starving()
             self.arrived.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), 0.5)
+                await wait_for(self.arrived.wait(), 0.5)
         return None
 
     async def _mark_starving(self) -> None:

@@ -17,6 +17,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from rollart.config import RollartConfig
 from rollart.endpoints import Endpoints, kafka_client_kwargs
 from rollart.topics.catalog import PhysicalTopic, expand_catalog
+from rollart.timeouts import wait_for
 
 TOPIC_ALREADY_EXISTS = TopicAlreadyExistsError.errno
 
@@ -91,7 +92,7 @@ async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list
     if endpoints.broker == "memory":
         return _apply_in_memory(endpoints, topics)
     admin = admin_client(config, endpoints)
-    await asyncio.wait_for(admin.start(), timeout_s)
+    await wait_for(admin.start(), timeout_s)
     try:
         replication = min(config.kafka.replication_factor, await broker_count(admin))
         existing = set(await admin.list_topics())

@@ -31,6 +31,7 @@ from rollart.messages import DEFAULT_CODEC, MessageDecodeError, VersionAnnouncem
 from rollart.weights.publish import PullResult, StagedVersion, pull_version, sync_version
 from rollart.weights.transport import make_transport
 from rollart.names import LOADS_KEPT, POLICY_VERSIONS, RedisKeys
+from rollart.timeouts import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ class WeightFollower:
     async def _wait_changed(self, timeout: float) -> None:
         async with self._changed:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                await wait_for(self._changed.wait(), timeout)
 
     async def _watch(self) -> None:
         async def seen(message: VersionAnnouncement) -> None:

@@ -13,6 +13,7 @@ from rollart.bus.reader import read_to_end
 from rollart.messages import TaskSpec
 from rollart.messages.codec import H_SCHEMA
 from rollart.runtime import open_runtime
+from rollart.timeouts import wait_for
 from tests.conftest import ALL_BROKERS, BOTH_BROKERS, eventually, make_config
 
 
@@ -106,7 +107,7 @@ async def test_dlq_rate_limit_stops_the_consumer_without_committing(endpoints, l
         loop = rt.consumer_loop("env", ["tasks"], lambda e, c: asyncio.sleep(0))
         await loops.start(loop)
         with pytest.raises(DeadLetterRateExceeded):
-            await asyncio.wait_for(loops.tasks.pop(loop), 30)
+            await wait_for(loops.tasks.pop(loop), 30)
         dead = await _dlq_records(rt, "tasks")
         assert len(dead) == 3, "the limit caps what reaches the DLQ"
 

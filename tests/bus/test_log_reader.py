@@ -11,6 +11,7 @@ from rollart.bus.kafka import group_consumer
 from rollart.bus.reader import ReadStart, committed_offsets, end_offsets, read_to_end, tail
 from rollart.lag import consumer_lag
 from rollart.messages import DEFAULT_CODEC, TaskSpec
+from rollart.timeouts import wait_for
 from tests.conftest import ALL_BROKERS
 
 pytestmark = ALL_BROKERS  # the broker contract
@@ -56,7 +57,7 @@ async def test_tail_yields_the_log_then_what_arrives(runtime):
     assert seen == ["g0", "g1", "g2"]
     for i in (3, 4):
         await runtime.producer.send_and_wait("tasks", _task(i), key="one")
-    await asyncio.wait_for(follower, 30)
+    await wait_for(follower, 30)
     assert seen == [f"g{i}" for i in range(5)]
 
 

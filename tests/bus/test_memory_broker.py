@@ -9,6 +9,7 @@ import pytest
 
 from rollart.bus.backend import CommitFailed, OffsetAndMetadata, TopicPartition
 from rollart.bus.memory import InMemoryBroker
+from rollart.timeouts import wait_for
 
 
 class Listener:
@@ -186,7 +187,7 @@ async def test_a_stopping_loop_leaves_when_its_final_commit_is_never_answered(br
                 break
             await asyncio.sleep(0.02)
         loop.stop()
-        await asyncio.wait_for(running, 10)  # without the bound: forever
+        await wait_for(running, 10)  # without the bound: forever
     assert handled == ["g0"]
     assert not broker.group(f"{config.job}.env").committed, "nothing committed: the next owner redoes it"
 

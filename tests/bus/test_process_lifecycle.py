@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rollart.messages import TaskSpec
 from rollart.metrics import MESSAGES_DEDUPLICATED
+from rollart.timeouts import wait_for
 from tests.conftest import BOTH_BROKERS, REPO, eventually
 
 pytestmark = BOTH_BROKERS  # the broker contract
@@ -30,7 +31,7 @@ async def spawn_consumer(runtime, effect_key: str, *, commit_interval_s: float, 
 async def read_until(proc, text: str, timeout: float = 60.0) -> list[str]:
     lines = []
     while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), timeout)).decode()
+        line = (await wait_for(proc.stdout.readline(), timeout)).decode()
         assert line, f"the consumer process exited before printing {text!r}: {lines[-5:]}"
         lines.append(line.strip())
         if line.strip() == text:
@@ -82,7 +83,7 @@ async def test_sigterm_finishes_in_flight_work_commits_and_exits(runtime, redis)
     proc = await spawn_consumer(runtime, effect_key, commit_interval_s=3600, handler_delay_s=1.0)
     await read_until(proc, "started task:g0")
     proc.send_signal(signal.SIGTERM)  # mid-handler: it must finish g0, commit it, and exit
-    rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode().split("\n")
+    rest = (await wait_for(proc.stdout.read(), 60)).decode().split("\n")
     assert await proc.wait() == 0
     assert "exited cleanly" in rest
     effects = [m.decode() for m in await redis.lrange(effect_key, 0, -1)]
@@ -103,7 +104,7 @@ async def test_sigterm_during_start_up_exits_cleanly_without_joining(runtime, re
         await read_until(proc, "starting")
         await asyncio.sleep(delay_s)
         proc.send_signal(signal.SIGTERM)
-        rest = (await asyncio.wait_for(proc.stdout.read(), 60)).decode().split("\n")
+        rest = (await wait_for(proc.stdout.read(), 60)).decode().split("\n")
         assert await proc.wait() == 0, rest
         assert "stopped during start-up" in rest and not any(line.startswith("handled") for line in rest)
         assert ("constructed" not in rest) == in_blocking_part, f"the blocking step was interrupted: {rest}"

@@ -20,6 +20,7 @@ from rollart.envs import (
 )
 from rollart.envs.grid import MOVES
 from rollart.envs.math import extract_answer
+from rollart.timeouts import wait_for
 
 
 def test_frozenlake_reaches_the_goal_and_falls_in_holes():
@@ -116,7 +117,7 @@ async def test_fault_injection_latency_failures_and_hangs():
     hanging = FaultyEnv(FrozenLake(), FaultSpec(hang_rate=1.0), rng_seed=1)
     await hanging.reset(0)
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(hanging.step("Right"), 0.1)
+        await wait_for(hanging.step("Right"), 0.1)
     gaussian = FaultSpec(step_latency={"dist": "gaussian", "mean_s": 0.02, "sigma_s": 0.02}).step_latency
     import random
     draws = [gaussian.draw(random.Random(i)) for i in range(200)]

@@ -15,6 +15,7 @@ import pytest
 
 from rollart.messages import Abort, Float32Array, GenerationRequest, GenerationResult, Int32Array, SamplingParams
 from rollart.rollout.direct import DIRECT_TURNS, DirectClient, DirectServer, FrameError, Frames, advertised_host
+from rollart.timeouts import wait_for
 
 
 def request(traj_id: str = "g0-t0", attempt: int = 0, turn: int = 0) -> GenerationRequest:
@@ -129,7 +130,7 @@ async def test_a_member_that_dies_mid_request_hands_the_turn_to_another_as_the_n
             await asyncio.sleep(0.01)
         assert first.served, "the sticky member never got the request"
         await first.crash()
-        delivery, next_attempt = await asyncio.wait_for(pending, 8.0)
+        delivery, next_attempt = await wait_for(pending, 8.0)
         assert delivery is not None and next_attempt == 2
         assert delivery.result.instance == "second" and delivery.result.attempt == 1
     finally:
@@ -201,9 +202,9 @@ async def test_stop_answers_what_is_in_flight_before_the_server_closes(client):
         await asyncio.sleep(0.2)
         assert not member.task.done()  # still holding the request in flight
         member.release.set()
-        delivery, _ = await asyncio.wait_for(pending, 5.0)
+        delivery, _ = await wait_for(pending, 5.0)
         assert delivery is not None and delivery.result.instance == "m0"
-        await asyncio.wait_for(member.task, 5.0)
+        await wait_for(member.task, 5.0)
     finally:
         await member.stop()
 
@@ -258,7 +259,7 @@ async def test_a_member_that_falls_silent_counts_as_gone_after_three_heartbeats(
     traj = next(f"g0-t{i}" for i in range(50) if sorted(addresses)[crc32(f"g0-t{i}".encode()) % 2] == silent_address)
     try:
         started = time.monotonic()
-        delivery, next_attempt = await asyncio.wait_for(
+        delivery, next_attempt = await wait_for(
             client.request(addresses, lambda attempt: request(traj, attempt)), 5.0)
         assert delivery is not None and delivery.result.instance == "alive" and next_attempt == 2
         assert 0.25 < time.monotonic() - started < 3.0  # three 100 ms heartbeats, not the 10 s timeout
@@ -281,12 +282,12 @@ async def test_a_request_that_arrives_after_stop_is_handed_back_and_asked_elsewh
                 break
             await asyncio.sleep(0.01)
         stopping.server.stop()  # still answering the one it holds
-        delivery, next_attempt = await asyncio.wait_for(
+        delivery, next_attempt = await wait_for(
             client.request(addresses, lambda a: request(mine[1], a)), 5.0)
         assert delivery is not None and delivery.result.instance == "alive" and next_attempt == 2
         assert [r.traj_id for r in stopping.served] == [mine[0]]
         stopping.release.set()
-        delivery, _ = await asyncio.wait_for(held, 5.0)
+        delivery, _ = await wait_for(held, 5.0)
         assert delivery is not None and delivery.result.instance == "stopping"
     finally:
         await stopping.stop()

@@ -18,6 +18,7 @@ from rollart.stages.evaluation import EvalStage
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
 from rollart.weights.follower import pulling_versions
+from rollart.timeouts import wait_for
 from tests.conftest import eventually, make_config
 
 
@@ -64,7 +65,7 @@ async def test_the_eval_stage_resumes_releases_pins_and_summarises(endpoints, tm
         assert not evaluating.done(), "member e1-0 is neither scored nor failed yet"
         stage.take(Abort(traj_id=f"{config.job}-v2-e1-0", turn=1, reason="reward_failed",
                          group_id=f"{config.job}-v2-e1", tag="held"))
-        summary = await asyncio.wait_for(evaluating, 10)
+        summary = await wait_for(evaluating, 10)
 
         held = summary.tags["held"]
         assert (summary.version, summary.step, summary.complete) == (2, 2, True)

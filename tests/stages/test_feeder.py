@@ -14,6 +14,7 @@ from rollart.stages.feeder import Feeder, sources_from, task_spec
 from rollart.state import AdmissionCounters, VersionWriter
 from rollart.topics import expand_catalog
 from rollart.topics.admin import apply_topics
+from rollart.timeouts import wait_for
 from tests.conftest import eventually, make_config
 
 
@@ -52,7 +53,7 @@ async def test_admission_bound_holds_the_feeder_until_the_version_moves(endpoint
         await counters.finish(groups=1, accepted=False)  # a dropped group gives its place back
         await eventually(lambda: _count(rt, 7), timeout=20, what="one more group after a group was dropped")
         feeder.stop()
-        await asyncio.wait_for(run, 10)  # a stop ends the wait at once, not after poll_interval_s
+        await wait_for(run, 10)  # a stop ends the wait at once, not after poll_interval_s
 
     tasks = await _released(rt)
     assert [t.group_id for t in tasks] == [f"{config.job}-g{i}" for i in range(7)]
@@ -88,7 +89,7 @@ async def test_a_version_releases_the_rest_of_a_batch_in_one_admission(endpoints
         await writer.bump(step=1)
         await eventually(lambda: _count(rt, 8), timeout=20, what="the second batch")
         feeder.stop()
-        await asyncio.wait_for(run, 10)
+        await wait_for(run, 10)
     assert [a for a in asked if a[1]] == [(4, 4), (4, 4)], asked
 
 

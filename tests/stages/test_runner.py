@@ -16,6 +16,7 @@ from rollart.bus.stopping import StopRequest
 from rollart.endpoints import Endpoints, resolve_endpoints
 from rollart.messages import TaskSpec
 from rollart.stages.runner import Member, Work, run_member, supervise
+from rollart.timeouts import wait_for
 from tests.conftest import make_config
 
 
@@ -41,7 +42,7 @@ class FakeLoop:
         self.events.append(f"start {self.name}")
         self.started.set()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), self.ends_after)
+            await wait_for(self.stopping.wait(), self.ends_after)
         if self.fails is not None:
             self.events.append(f"{self.name} failed")
             raise self.fails
@@ -147,7 +148,7 @@ async def test_a_failure_in_the_background_ends_the_member():
         raise RuntimeError("the weight follower broke")
 
     with pytest.raises(RuntimeError, match="follower broke"):
-        await asyncio.wait_for(supervise(Member(loops=[loop], background=[Work(broken)]), StopRequest()), 10)
+        await wait_for(supervise(Member(loops=[loop], background=[Work(broken)]), StopRequest()), 10)
     assert events == ["start loop", "stop loop", "loop drained"]
 
 
@@ -212,7 +213,7 @@ async def test_run_member_drains_the_upstream_loop_while_the_downstream_loop_del
 
     async with BusProducer(config, resolve_endpoints(config)) as producer:  # waiting when the member starts
         await producer.send_and_wait("requests", TaskSpec(group_id="g0", env="e", tag="t", group_size=1), key="g0")
-    await asyncio.wait_for(run_member(config, stop, build), 30)
+    await wait_for(run_member(config, stop, build), 30)
     assert handled == ["g0"], "the upstream handler finished: the downstream loop still ran"
     committed = broker.group(f"{config.job}.up").committed
     assert sum(c.offset for c in committed.values()) == 1, "and its input was committed on the way out"

@@ -18,6 +18,7 @@ from rollart.state import VersionWriter
 from rollart.training.torch_backend import TorchBackend, token_logprobs
 from rollart.weights import WeightPublisher, make_transport
 from rollart.weights.follower import WeightFollower, loads_key
+from rollart.timeouts import wait_for
 
 
 async def _logprob_gap(engine, backend, chat, *, min_version: int = 0) -> tuple[float, list[int]]:
@@ -54,7 +55,7 @@ async def test_engine_loads_each_announced_version(engine, runtime, redis, tiny_
         assert len(manifest.buckets) > 1
         await writer.bump(step=1, manifest=manifest)
         # What the generation stage does for a request with min_version 1: wait for the load.
-        await asyncio.wait_for(follower.wait_for(1), 60)
+        await wait_for(follower.wait_for(1), 60)
         gap, versions = await _logprob_gap(engine, backend, chat, min_version=1)
         assert engine.version == 1 and set(versions) == {1}
         assert gap < 2e-3, f"engine and trainer disagree by {gap} nats after the load"

@@ -25,6 +25,7 @@ from rollart.runtime import open_runtime
 from rollart.topics import expand_catalog
 from rollart.topics.access import job_access, stage_access
 from rollart.topics.admin import apply_topics
+from rollart.timeouts import wait_for
 from tests.conftest import make_config
 
 
@@ -144,7 +145,7 @@ async def test_a_stage_writing_outside_its_acl_stops_clearly_and_loses_nothing(s
 
         loop = rt.consumer_loop("env", ["tasks"], writes_tasks)
         with pytest.raises(NotAuthorized) as refused:
-            await asyncio.wait_for(loop.run(), 60)
+            await wait_for(loop.run(), 60)
         assert f"User:{env.principal}" in str(refused.value) and f"{config.job}.tasks" in str(refused.value)
 
         handled = []
@@ -156,7 +157,7 @@ async def test_a_stage_writing_outside_its_acl_stops_clearly_and_loses_nothing(s
             loop.stop()
 
         loop = rt.consumer_loop("env", ["tasks"], completes)
-        await asyncio.wait_for(loop.run(), 60)
+        await wait_for(loop.run(), 60)
     assert handled == ["g-acl"], "the refused message was not committed, dead-lettered or lost: it is redone"
     assert await end_offset(config, bootstrap, dlq) == dead_before, "an ACL refusal is not the message's fault"
 
