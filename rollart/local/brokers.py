@@ -33,6 +33,34 @@ KAFKA_OPTS_ENV = "ROLLART_LOCAL_KAFKA_OPTS"  # JVM options after the defaults (t
 KAFKA_JIT_OPTS = ("-XX:TieredStopAtLevel=1",)
 
 
+# Partitions of the local broker's coordinator topics (__consumer_offsets, __transaction_state).
+COORDINATOR_PARTITIONS = 8
+
+
+def coordinator_probes(partitions: int = COORDINATOR_PARTITIONS) -> list[str]:
+    """A key per partition of a coordinator topic: Kafka coordinates a group (or a transactional id)
+    on partition ``abs(key.hashCode()) % partitions`` (Java's String.hashCode), and creates the topic
+    at the first FindCoordinator; a broker that finds a coordinator for each of these is ready for any
+    group (a fresh one otherwise answers COORDINATOR_NOT_AVAILABLE while the topic loads, and every
+    consumer logs it as an error at its start)."""
+    found: dict[int, str] = {}
+    for i in range(64 * partitions):
+        key = f"rollart-ready-{i}"
+        found.setdefault((java_string_hash(key) & 0x7FFFFFFF) % partitions, key)
+        if len(found) == partitions:
+            return [found[p] for p in range(partitions)]
+    raise ValueError(f"no probe keys cover {partitions} partitions")
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode (over UTF-16 code units), as a signed 32-bit int."""
+    h = 0
+    units = text.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
 class BrokerUnavailable(RuntimeError):
     """The broker asked for cannot run on this machine (no Java, no jars, no Tansu binary)."""
 
@@ -197,10 +225,10 @@ def kafka_properties(data_dir: Path, port: int, controller_port: int, tls: Broke
         "log.dirs": str(data_dir),
         # one node: every internal topic has one replica
         "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "8",
+        "offsets.topic.num.partitions": str(COORDINATOR_PARTITIONS),
         "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "8",
+        "transaction.state.log.num.partitions": str(COORDINATOR_PARTITIONS),
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         # A group forms at once (no 3 s wait for more members), and tests may use short sessions.

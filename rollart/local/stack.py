@@ -15,6 +15,7 @@ start of a stack in the same folder stops what a dead owner still left there, an
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
+                                   coordinator_probes,
                                    kafka_libs, kafka_version, tansu_binary, tansu_version)
 from rollart.local.children import die_with_parent, on_lasting_thread
 from rollart.local.security import LocalSecurity
@@ -184,19 +186,26 @@ def reap_stale(state_file: Path) -> list[int]:
     return reaped
 
 
-def serves_metadata(bootstrap: str, timeout_s: float = 3.0, **client: Any) -> bool:
+def serves_metadata(bootstrap: str, timeout_s: float = 3.0, coordinators: bool = False, **client: Any) -> bool:
     """Whether the broker answers a metadata request naming itself (a listening port is not enough:
-    a KRaft broker accepts connections before it has caught up with its controller)."""
+    a KRaft broker accepts connections before it has caught up with its controller); with
+    ``coordinators``, also a group and a transaction coordinator for every partition of their topics."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
     from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.client import CoordinationType
 
     async def probe() -> bool:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **client)
         try:
             await wait_for(admin.start(), timeout_s)
-            return bool((await wait_for(admin.describe_cluster(), timeout_s)).get("brokers"))
+            if not (await wait_for(admin.describe_cluster(), timeout_s)).get("brokers"):
+                return False
+            for kind in CoordinationType if coordinators else ():
+                for key in coordinator_probes():
+                    await wait_for(admin.find_coordinator(key, kind), timeout_s)
+            return True
         except Exception:  # noqa: BLE001 - not ready yet, whatever the reason
             return False
         finally:
@@ -227,7 +236,7 @@ def _run_kafka(node: KafkaNode, log_dir: Path, ready: Callable[[str], bool] | No
     # The JVM is exec'd directly (no kafka-server-start.sh), so the death signal reaches Kafka itself.
     proc = _spawn(node.argv(), log, detached)
     bootstrap = f"127.0.0.1:{node.port()}"
-    ready = ready or serves_metadata
+    ready = ready or functools.partial(serves_metadata, coordinators=True)
     _wait_until(lambda: port_open("127.0.0.1", node.port()) and ready(bootstrap), proc,
                 "Apache Kafka", log, BROKER_START_TIMEOUT_S, f"serve metadata on {bootstrap}")
     return proc, bootstrap, BrokerInfo("kafka", kafka_version(kafka_libs()))
@@ -240,7 +249,7 @@ def serves_metadata_to(security: LocalSecurity) -> Callable[[str], bool]:
 
     def ready(bootstrap: str) -> bool:
         kwargs = kafka_client_kwargs(KafkaConfig(**security.kafka_config()), bootstrap)
-        return serves_metadata(bootstrap, **{k: v for k, v in kwargs.items()
+        return serves_metadata(bootstrap, coordinators=True, **{k: v for k, v in kwargs.items()
                                              if k not in ("bootstrap_servers", "request_timeout_ms")})
     return ready
 
