@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from rollart.local.brokers import (BrokerInfo, BrokerKind, BrokerSasl, BrokerTls, KafkaNode, choose_broker,
-                                   coordinator_probes,
-                                   kafka_libs, kafka_version, tansu_binary, tansu_version)
+                                   coordinator_probes, kafka_libs, kafka_version, tansu_binary, tansu_version)
 from rollart.local.children import die_with_parent, on_lasting_thread
 from rollart.local.security import LocalSecurity
 from rollart.local.state import STATE_FILE, StackState, pid_alive, rollart_home, state_path  # noqa: F401 - re-exported
@@ -238,7 +237,7 @@ def _run_kafka(node: KafkaNode, log_dir: Path, ready: Callable[[str], bool] | No
     bootstrap = f"127.0.0.1:{node.port()}"
     ready = ready or functools.partial(serves_metadata, coordinators=True)
     _wait_until(lambda: port_open("127.0.0.1", node.port()) and ready(bootstrap), proc,
-                "Apache Kafka", log, BROKER_START_TIMEOUT_S, f"serve metadata on {bootstrap}")
+                "Apache Kafka", log, BROKER_START_TIMEOUT_S, f"serve metadata and coordinators on {bootstrap}")
     return proc, bootstrap, BrokerInfo("kafka", kafka_version(kafka_libs()))
 
 
