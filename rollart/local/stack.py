@@ -201,8 +201,9 @@ def serves_metadata(bootstrap: str, timeout_s: float = 3.0, coordinators: bool =
             await wait_for(admin.start(), timeout_s)
             if not (await wait_for(admin.describe_cluster(), timeout_s)).get("brokers"):
                 return False
-            for kind in CoordinationType if coordinators else ():
-                for key in coordinator_probes():
+            keys = coordinator_probes() if coordinators else []
+            for kind in CoordinationType:
+                for key in keys:
                     await wait_for(admin.find_coordinator(key, kind), timeout_s)
             return True
         except Exception:  # noqa: BLE001 - not ready yet, whatever the reason
