@@ -8,6 +8,7 @@ Each is `rollart consume <stage>`; Kubernetes Deployments run these modules. The
 | feeder | (producer only) | policy version, admission counters | tasks |
 | env | env, env-actions | tasks, env.actions | gen.requests.<pool>, trajectories.completed |
 | generation | gen-<pool> | gen.requests.<pool> (+ policy.versions, no group) | env.actions (owner's partition) |
+| envgen | env, env-actions, gen-<pool> | what env and generation consume (``env.colocate_pool``: the two in one process) | what they produce |
 | reward | reward | trajectories.completed | rewards.results |
 | trainer | trainer | rewards.results | policy.versions (+ weight buckets in Mooncake / fs) |
 | eval | eval | eval.results (+ policy.versions, no group) | tasks (eval tasks pinned to a version), eval.summaries |

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollart.config import ConfigError, load_config
+from rollart.config import ConfigError, build_config, load_config
 
 
 def test_yaml_with_env_overrides(tmp_path, monkeypatch):
@@ -180,3 +180,12 @@ def test_megatron_mixed_precision_on_a_cpu_is_refused_at_load_naming_the_field(t
     path.write_text("trainer:\n  mixed_precision: yes\n")
     with pytest.raises(ConfigError, match="trainer.mixed_precision"):
         load_config(path)
+
+
+def test_a_colocated_pool_must_be_a_pool_on_the_direct_path():
+    assert build_config({"pools": ["a"], "generation": {"transport": "direct"},
+                         "env": {"colocate_pool": "a"}}).env.colocate_pool == "a"
+    with pytest.raises(ConfigError, match=r"env.colocate_pool 'b' is not one of pools \['a'\]"):
+        build_config({"pools": ["a"], "generation": {"transport": "direct"}, "env": {"colocate_pool": "b"}})
+    with pytest.raises(ConfigError, match="env.colocate_pool: .*set generation.transport: direct"):
+        build_config({"pools": ["a"], "generation": {"transport": "bus"}, "env": {"colocate_pool": "a"}})

@@ -97,6 +97,8 @@ class RolloutHarness:
         stage = GenerationStage(self.rt, self.engine, pool, f"gen-{pool}-test")
         direct = stage.direct_server() if self.config.generation.transport == "direct" else None
         serving = asyncio.create_task(direct.run()) if direct is not None else None
+        if direct is not None and pool == self.config.env.colocate_pool and self.manager.direct is not None:
+            self.manager.direct.serve_here(direct)  # as rollart.stages.envgen composes them
         membership = stage.membership()
         await membership.__aenter__()
         loop = await self.loops.start(generation_loop(self.rt, stage), wait_assigned=False)

@@ -9,8 +9,10 @@ same engine, the same number in flight, run two ways:
   bus (GenerationRequest on ``gen.requests.<pool>``, GenerationResult on ``env.actions``) or directly
   (``generation.transport: direct``, the member's ZeroMQ socket);
 * and per layout: the env stage in this process (one event loop for env, generation and the engine's
-  client, so every turn's Python waits behind every other's), or as its own process (``rollart
-  consume env``, as deployed; its overhead histogram read from its /metrics).
+  client, so every turn's Python waits behind every other's; the direct path still over its socket),
+  as its own process (``rollart consume env``, as deployed apart; its overhead histogram read from its
+  /metrics), or co-located (``env.colocate_pool``, as ``rollart consume envgen`` runs it: in this
+  process, each turn a function call; the direct transport only).
 
 Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the time from
 the env's request to its result's arrival at the env member, minus the engine's own time for the request
@@ -77,8 +79,9 @@ OVERHEAD = "rollart_env_generation_overhead_seconds"
 RESUME_WAIT = "rollart_env_turn_resume_wait_seconds"
 TRANSPORTS = ("bus", "direct")
 # Where the env stage runs: in this process beside generation (one event loop for env, generation and
-# the engine's client), or as its own process, as deployed (``rollart consume env``).
-LAYOUTS = ("one-process", "env-process")
+# the engine's client), as its own process, as deployed apart (``rollart consume env``), or co-located
+# with the generation member (``rollart consume envgen``: turns are function calls).
+LAYOUTS = ("one-process", "env-process", "colocated")
 
 Buckets = dict[float, float]
 
@@ -105,8 +108,8 @@ async def pipeline_under(session: BenchSession, cfg: RollartConfig, layout: str,
                          work_dir: Path) -> AsyncIterator[tuple[Any, Callable[[str], Buckets]]]:
     """The pipeline of ``cfg`` with its env stage where ``layout`` says, and a read of the env stage's
     histograms (by name)."""
-    async with session.harness(cfg, env=layout == "one-process") as harness:
-        if layout == "one-process":
+    async with session.harness(cfg, env=layout != "env-process") as harness:
+        if layout != "env-process":
             yield harness, lambda name: local_buckets(name, cfg.job)
             return
         async with env_process(cfg, work_dir, name=cfg.job) as env:
@@ -127,7 +130,7 @@ async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories:
     async with bench_session(config, work_dir) as session:
         await _raw(session, "warmup-raw-", 8, turns, max_tokens)
         for layout in layouts:
-            for transport in transports:
+            for transport in (t for t in transports if t == "direct" or layout != "colocated"):
                 figure, measured = await measure_pipeline(session, work_dir, transport, layout,
                                                           trajectories=trajectories, turns=turns,
                                                           max_tokens=max_tokens, repeats=repeats)
@@ -150,8 +153,9 @@ async def measure_pipeline(session: BenchSession, work_dir: Path, transport: str
     name = transport if layout == "one-process" else f"{transport}, {layout}"
     tag = {"env": "rollart.bench.envs:CountdownEnv", "env_kwargs": {"turns": turns}, "max_turns": turns,
            "reward": {"type": "env"}}
-    cfg = session.config(f"bench-pipeline-{transport}-{layout}", tags={"work": tag},
-                         env={"max_groups": trajectories, "sampling": {"max_tokens": max_tokens}},
+    env = {"max_groups": trajectories, "sampling": {"max_tokens": max_tokens},
+           "colocate_pool": BENCH_POOL if layout == "colocated" else None}  # whatever the job's layout
+    cfg = session.config(f"bench-pipeline-{transport}-{layout}", tags={"work": tag}, env=env,
                          generation={"transport": transport})
     runs: dict[str, list[tuple[float, int]]] = {"raw": [], "pipeline": []}
     async with pipeline_under(session, cfg, layout, work_dir) as (harness, histogram):

@@ -38,7 +38,9 @@ class BenchSession:
                            "transport": self.base.generation.transport},  # the job's turn path
             "feeder": {"alpha": None},
             "env": {"max_groups": 256, "generation_timeout_s": 600, "step_timeout_s": 600,
-                    "sampling": {"temperature": 1.0, "max_tokens": 2}},
+                    "sampling": {"temperature": 1.0, "max_tokens": 2},
+                    # the job's layout: its env stage co-located with generation (the bench pool's)
+                    "colocate_pool": BENCH_POOL if self.base.env.colocate_pool else None},
             # The bus's own long-poll (500 ms): at 5 ms the harness's idle loops (tasks, observer, rewards)
             # took ~15% of the in-process pipeline bench's event loop in fetch requests (py-spy).
             "bus": {"max_in_flight": 4096, "commit_interval_s": 0.2,

@@ -135,12 +135,13 @@ class CpuSampler:
 
 def pipeline_targets(out: Path):
     from rollart.chaos.inject import stage_pids
-    from rollart.stages.registry import stage_of_process
+    from rollart.stages.registry import STAGES, stage_of_process
 
     def targets(table: dict[int, list[int]]) -> dict[str, tuple[int, bool]]:
         named: dict[str, tuple[int, bool]] = {}
         for name, pid in stage_pids(out).items():
-            named.update(engine_split(name, pid, table) if stage_of_process(name) == "generation"
+            stage = STAGES.get(stage_of_process(name))
+            named.update(engine_split(name, pid, table) if stage is not None and stage.runs_stage("generation")
                          else {name: (pid, True)})
         named.update({name: (pid, False) for name, pid in stack_pids(out / "stack" / "stack.json").items()})
         named[SUPERVISOR] = (os.getpid(), False)  # the stages are its children: itself only

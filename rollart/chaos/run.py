@@ -123,7 +123,7 @@ class ChaosDriver:
         if kind == "kill" and stage == inject.BROKER:
             target = await inject.kill_broker(self.out / "stack" / STACK_FILE)
         elif kind == "kill":
-            target = inject.kill_stage(self.out, stage or self.rng.choice(inject.KILLABLE))
+            target = inject.kill_stage(self.out, stage or self.rng.choice(inject.killable(job_cfg)))
             if target is None:
                 return None
         elif kind == "redis-flush":
@@ -150,11 +150,11 @@ def check_faults(faults: set[str], schedule: list[str] | None) -> None:
     unknown = faults - set(FAULTS)
     for entry in schedule or ():
         kind, _, stage = entry.partition(":")
-        if kind not in INJECTED or (stage and (kind != "kill" or stage not in (*inject.KILLABLE, inject.BROKER))):
+        if kind not in INJECTED or (stage and (kind != "kill" or stage not in (*inject.KILL_TARGETS, inject.BROKER))):
             unknown.add(entry)
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)} "
-                         f"(a schedule may name kill:<{'|'.join((*inject.KILLABLE, inject.BROKER))}>)")
+                         f"(a schedule may name kill:<{'|'.join((*inject.KILL_TARGETS, inject.BROKER))}>)")
 
 
 def trained_per_minute(record: list[dict]) -> float | None:

@@ -202,8 +202,9 @@ def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectorie
                  transport: Annotated[str, typer.Option(
                      help="bus | direct | both: the turn transports measured (generation.transport)")] = "both",
                  layout: Annotated[str, typer.Option(
-                     help="one-process | env-process | both: the env stage in this process beside generation, "
-                          "or as its own process (as deployed)")] = "both",
+                     help="one-process | env-process | colocated | both (all three): the env stage in this "
+                          "process beside generation, as its own process (as deployed apart), or co-located "
+                          "(env.colocate_pool: each turn a function call; direct only)")] = "both",
                  ) -> None:
     """Tokens/s through the whole pipeline vs the raw vLLM engine; per-turn overhead p50/p99, per
     turn transport (the bus, or direct to the generation member) and env layout."""

@@ -113,7 +113,7 @@ def direct_turns(r: "Renderer", component: Component) -> tuple[list[dict], list[
     interface of its pod and advertises the pod's IP, which env pods reach without a Service (the
     pool registry tells them which pods are live). Its env and container port."""
     gen = r.config.generation
-    if component.stage != "generation" or gen.transport != "direct":
+    if not STAGES[component.stage].runs_stage("generation") or gen.transport != "direct":
         return [], []
     port = gen.direct_port or DIRECT_PORT
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

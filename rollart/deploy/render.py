@@ -118,8 +118,8 @@ class Renderer:
     def components(self) -> list[Component]:
         """One Deployment per stage the job has (per pool for generation), from the stage registry."""
         out = []
-        for stage in (s for s in STAGES.values() if s.needed(self.config)):
-            for pool in (self.config.pools if stage.per_pool else [None]):
+        for stage in STAGES.values():
+            for pool in stage.pools(self.config):
                 # Kubernetes settings: deploy.<stage> (deploy.pools.<pool>); a stage without a section, defaults
                 spec = self.config.pool_deployment(pool) if pool else getattr(self.deploy, stage.name, StageDeployment())
                 resume = ("--resume",) if "resume" in stage.options else ()  # a restarted pod resumes

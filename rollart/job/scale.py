@@ -49,8 +49,12 @@ def validated(config: RollartConfig, request: ScaleRequest) -> ScaleRequest:
         raise ConfigError(f"stage: {request.stage!r} is not a stage; choose one of {', '.join(STAGES)}")
     if stage.single_writer:
         raise ConfigError(f"stage: {stage.name} runs one member at a time (a single writer); it does not scale")
-    if stage.per_pool and request.pool not in config.pools:
-        raise ConfigError(f"--pool: {stage.name} scales per pool; choose one of {', '.join(config.pools)}")
+    pools = stage.pools(config)
+    if not pools:
+        raise ConfigError(f"stage: this job runs no {stage.name} members"
+                          + (" (env.colocate_pool: scale envgen)" if config.env.colocate_pool else ""))
+    if stage.per_pool and request.pool not in pools:
+        raise ConfigError(f"--pool: {stage.name} scales per pool; choose one of {', '.join(map(str, pools))}")
     if not stage.per_pool and request.pool is not None:
         raise ConfigError(f"--pool: {stage.name} has no pools")
     if not 1 <= request.members <= MAX_MEMBERS:

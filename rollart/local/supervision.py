@@ -79,12 +79,18 @@ STACK = "stack"  # machine.scheduling's key for the local stack's services (brok
 
 def stage_scheduling(config: RollartConfig) -> dict[str, StageScheduling]:
     """``machine.scheduling``, its keys held to the registry's stages and ``stack`` (a typo would
-    otherwise schedule nothing differently)."""
+    otherwise schedule nothing differently); envgen, unless named, as generation (its engine's start is
+    the run's critical path, as that stage's is)."""
     unknown = sorted(set(config.machine.scheduling) - set(STAGES) - {STACK})
     if unknown:
         raise ConfigError(f"machine.scheduling: {', '.join(unknown)} is not a stage; the stages are "
                           f"{', '.join(STAGES)}, and {STACK} is the local stack's services")
-    return {stage: _startup_allowed(stage, setting) for stage, setting in config.machine.scheduling.items()}
+    settings = dict(config.machine.scheduling)
+    for stage in STAGES.values():  # a stage hosting others, not named, runs as the first of them named does
+        inherited = next((settings[h] for h in stage.hosts if h in settings), None)
+        if stage.name not in settings and inherited is not None and stage.pools(config):
+            settings[stage.name] = inherited
+    return {stage: _startup_allowed(stage, setting) for stage, setting in settings.items()}
 
 
 def _startup_allowed(stage: str, setting: StageScheduling) -> StageScheduling:

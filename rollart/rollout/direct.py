@@ -239,6 +239,20 @@ class DirectServer:
         with contextlib.suppress(Exception):
             await self.cancel(self.codec.decode(value, [(H_SCHEMA, schema)], accept=(Abort,)).message)
 
+    async def call(self, request: GenerationRequest) -> GenerationResult | None:
+        """A request from a client in this process, without a socket: its result, None when it was
+        aborted or this server stopped; the handler's error is raised."""
+        if self._stopped.is_set():
+            return None
+        async with self.slots:
+            try:
+                result = await self.serve(request)
+            except Exception:
+                DIRECT_TURNS.labels(*self.labels, "error").inc()
+                raise
+        DIRECT_TURNS.labels(*self.labels, "aborted" if result is None else "ok").inc()
+        return result
+
     async def _answer(self, connection: _Connection, request_id: bytes, schema: bytes, value: bytes) -> None:
         async with self.slots:
             try:
@@ -310,6 +324,14 @@ class DirectClient:
         self.heartbeat_s = heartbeat_ms / 1000
         self.peers: dict[str, _Peer] = {}
         self._ids = itertools.count()
+        self.here: DirectServer | None = None  # a member in this process (see :meth:`serve_here`)
+
+    def serve_here(self, server: DirectServer) -> None:
+        """Turns for ``server``'s member go to it as a function call (an env member co-located with it,
+        :mod:`rollart.stages.envgen`): no socket, frame or codec, and no second event loop to wake, which
+        is what a turn between two processes costs. Its trajectories all go to it while it serves; other
+        members are asked over their sockets as before."""
+        self.here = server
 
     async def request(self, addresses: list[str], build: Callable[[int], GenerationRequest],
                       *, first_attempt: int = 0) -> tuple[Delivery | None, int]:
@@ -319,6 +341,18 @@ class DirectClient:
         attempt, tried = first_attempt, set()
         while True:
             request = build(attempt)
+            here = self.here
+            if here is not None and here.address in addresses and here.address not in tried:  # preferred
+                try:
+                    return await self._call_here(here, request), attempt + 1
+                except _Reissue:
+                    tried.add(here.address)
+                except _Failed as exc:
+                    log.info("%s: direct request failed in this process (%s); sending it over the bus",
+                             request.traj_id, exc)
+                    return None, attempt + 1
+                attempt += 1
+                continue
             peer = await self._peer_for(request.traj_id, [a for a in addresses if a not in tried])
             if peer is None:
                 return None, attempt
@@ -356,6 +390,17 @@ class DirectClient:
         if status == GONE:
             raise _Reissue()  # aborted at the member though this env still waits: ask again
         raise _Failed(payload.decode(errors="replace"))
+
+    async def _call_here(self, server: DirectServer, request: GenerationRequest) -> Delivery:
+        try:
+            result = await wait_for(server.call(request), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise  # the call was cancelled, and the engine's request with it
+        except Exception as exc:  # noqa: BLE001 - as a member's error reply: the bus dead-letters it
+            raise _Failed(f"{type(exc).__name__}: {exc}") from exc
+        if result is None:
+            raise _Reissue()
+        return Delivery(result, time.perf_counter())
 
     def _cancel(self, peer: _Peer, request: GenerationRequest) -> None:
         """Best effort: tell the member's engine to stop the request."""

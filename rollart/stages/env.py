@@ -444,12 +444,11 @@ async def run_env(config: RollartConfig, stop: StopRequest) -> None:
     member = f"env-{socket.gethostname()}-{os.getpid()}"
     chat = ChatFormat.from_pretrained(ensure_model(config.model))
     init_metrics(config)
+    await run_member(config, stop, lambda rt: env_member(EnvManager(rt, chat, member)), client_id=member)
 
-    def build(rt: Runtime) -> Member:
-        manager = EnvManager(rt, chat, member)
-        return Member(loops=env_loops(rt, manager), cleanup=[manager.close])
 
-    await run_member(config, stop, build, client_id=member)
+def env_member(manager: EnvManager) -> Member:
+    return Member(loops=env_loops(manager.rt, manager), cleanup=[manager.close])
 
 
 def env_loops(rt: Runtime, manager: EnvManager):

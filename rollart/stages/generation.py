@@ -160,7 +160,8 @@ async def run_generation(config: RollartConfig, stop: StopRequest, *, pool: str,
         if not await start_engine(engine, stop):
             log.info("stop requested while the engine started: leaving before joining gen-%s", pool)
             return
-        await run_member(config, stop, lambda rt: generation_member(rt, engine, pool, member), client_id=member)
+        await run_member(config, stop, lambda rt: generation_member(generation_stage(rt, engine, pool, member)),
+                         client_id=member)
     finally:
         engine.shutdown()
 
@@ -173,17 +174,21 @@ async def start_engine(engine, stop: StopRequest) -> bool:
         return False
 
 
-def generation_member(rt: Runtime, engine, pool: str, member: str) -> Member:
-    """The request loop, held in the pool registry while it runs; beside it the weight follower
-    (a pool that follows the training versions), or the eval pool's pins."""
+def generation_stage(rt: Runtime, engine, pool: str, member: str) -> GenerationStage:
+    """The stage of one member: beside it the weight follower (a pool that follows the training
+    versions), or the eval pool's pins."""
     config = rt.config
     pins = PinnedWeights(rt, engine, pool=pool, member=member) \
         if config.eval is not None and pool == config.eval.pool else None
     follower = WeightFollower(rt, engine, pool=pool, member=member) \
         if config.generation.follow_versions and pins is None else None
-    stage = GenerationStage(rt, engine, pool, member, follower, pins)
-    loops: list[Service] = [generation_loop(rt, stage)]
-    if config.generation.transport == "direct":
+    return GenerationStage(rt, engine, pool, member, follower, pins)
+
+
+def generation_member(stage: GenerationStage) -> Member:
+    """The request loop (and the direct path's server), held in the pool registry while it runs."""
+    loops: list[Service] = [generation_loop(stage.runtime, stage)]
+    if stage.runtime.config.generation.transport == "direct":
         loops.append(stage.direct_server())
-    return Member(loops=loops, background=[follower] if follower else [],
-                  holding=[stage.membership()], cleanup=[pins.close] if pins else [])
+    return Member(loops=loops, background=[stage.follower] if stage.follower else [],
+                  holding=[stage.membership()], cleanup=[stage.pins.close] if stage.pins else [])

@@ -40,9 +40,24 @@ class Stage:
     # threads and destructors (vLLM's engine client, oneDNN, the Mooncake client, gloo) can crash it:
     # a drained member would exit -11 and its supervisor count it failed (seen once in CI, generation)
     exit_at_stop: bool = False
+    # The stages whose members run inside this one's process where the job co-locates them
+    # (``env.colocate_pool``): this stage then runs in their place, and only then (the ACLs and the
+    # topic catalog's producers and readers name those stages: it is given theirs).
+    hosts: tuple[str, ...] = ()
 
-    def needed(self, config) -> bool:
-        return self.requires is None or getattr(config, self.requires) is not None
+    def pools(self, config) -> list[str | None]:
+        """The pools the job runs members of this stage for ([None]: members of no pool); [] when the job
+        has no such stage: one whose ``requires`` section is unset, the co-located stage when nothing is
+        co-located, an env stage whose members are co-located, the co-located pool's generation stage."""
+        if self.requires is not None and getattr(config, self.requires) is None:
+            return []
+        colocated = config.env.colocate_pool
+        if self.hosts:
+            return [colocated] if colocated is not None else []
+        hosted = colocated is not None and any(self.name in s.hosts for s in STAGES.values())
+        if not self.per_pool:
+            return [] if hosted else [None]
+        return [p for p in config.pools if not (hosted and p == colocated)]
 
     def group_ids(self, pool: str | None = None) -> tuple[str, ...]:
         return tuple(g.format(pool=pool) for g in self.groups)
@@ -50,6 +65,10 @@ class Stage:
     def scaling_groups(self, pool: str | None = None) -> tuple[str, ...]:
         groups = self.groups if self.scale_groups is None else self.scale_groups
         return tuple(g.format(pool=pool) for g in groups)
+
+    def runs_stage(self, name: str) -> bool:
+        """Whether this stage's members are members of stage ``name`` (itself, or one it hosts)."""
+        return name == self.name or name in self.hosts
 
     def label(self) -> str:
         return self.short or self.name
@@ -84,6 +103,11 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
           prelude="rollart.engines.forkserver:start_for_job", exit_at_stop=True),
     Stage("env", ("env", "env-actions"), "rollart.stages.env:run_env", "runs trajectories (groups of tasks)",
           scale_groups=("env",)),
+    # In place of both where env.colocate_pool names a pool: each turn a function call, no socket.
+    Stage("envgen", ("env", "env-actions", "gen-{pool}"), "rollart.stages.envgen:run_envgen",
+          "an env member beside a generation member of the co-located pool, in one process", per_pool=True,
+          options=("pool",), scale_groups=("env",), prelude="rollart.engines.forkserver:start_for_job",
+          exit_at_stop=True, hosts=("generation", "env")),
     Stage("reward", ("reward", "reward-judge"), "rollart.stages.reward:run_reward", "scores completed trajectories"),
     Stage("trainer", ("trainer",), "rollart.stages.trainer:run_trainer", "trains and publishes weights",
           single_writer=True, runs="training", scale_groups=(), options=("resume",), exit_at_stop=True),
@@ -116,14 +140,15 @@ def stage_of_process(process: str) -> str:
 def local_processes(config, *, training: bool, members: dict[str, int] | None = None,
                     resume: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """(process name, `rollart consume` arguments) of every member a local run starts, in start order:
-    ``members`` per stage (default 1; generation: per pool), the trainer with ``--resume`` if asked."""
+    ``members`` per stage (default 1; generation: per pool; co-located members: as many as env members
+    are asked for), the trainer with ``--resume`` if asked."""
     members = members or {}
     out: list[tuple[str, tuple[str, ...]]] = []
     for stage in STAGES.values():
-        if not stage.needed(config) or (stage.runs == "training" and not training):
+        if stage.runs == "training" and not training:
             continue
-        count = members.get(stage.name, 1)
-        for pool in (config.pools if stage.per_pool else [None]):
+        count = members.get(stage.name, members.get("env", 1) if "env" in stage.hosts else 1)
+        for pool in stage.pools(config):
             for i in range(count):
                 name = stage.member_name(pool, i)
                 resumed = ("--resume",) if resume and "resume" in stage.options else ()

@@ -44,7 +44,7 @@ def stage_access(config: RollartConfig, stage: str, pool: str | None = None) -> 
     if spec_of_stage.per_pool != (pool is not None):
         raise ValueError("a pool names a generation stage, and only that")
     own_groups = set(spec_of_stage.group_ids(pool))
-    names = own_groups | {stage}
+    names = own_groups | {stage, *spec_of_stage.hosts}  # a co-located stage does what its hosted stages do
     read: set[str] = set()
     write: set[str] = set()
     for spec in (s for s in load_catalog(config.topics).values() if s.needed_by(config)):
@@ -70,5 +70,4 @@ def job_access(config: RollartConfig) -> list[StageAccess]:
     """Every stage's access, one generation entry per pool."""
     from rollart.stages.registry import STAGES
 
-    return [stage_access(config, stage.name, pool) for stage in STAGES.values() if stage.needed(config)
-            for pool in (config.pools if stage.per_pool else [None])]
+    return [stage_access(config, stage.name, pool) for stage in STAGES.values() for pool in stage.pools(config)]

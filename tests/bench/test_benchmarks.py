@@ -399,3 +399,20 @@ def test_a_benchmark_keeps_its_work_dir_when_it_fails_or_asks_and_removes_it_oth
     assert not dirs["fine"].exists()
     for name in ("failed", "missed"):
         shutil.rmtree(dirs[name])
+
+
+def test_bench_jobs_take_the_configs_turn_path_and_layout(tmp_path):
+    """A benchmark measures the job's own layout: a config that co-locates env and generation gets bench
+    jobs that do (on the bench pool); pipeline-efficiency's layouts override it either way."""
+    from rollart.bench.session import BENCH_POOL, BenchSession
+    from rollart.config import build_config
+    from rollart.endpoints import Endpoints
+
+    endpoints = Endpoints("127.0.0.1:9", "redis://127.0.0.1:9", "config")
+    apart = build_config({"generation": {"transport": "direct"}})
+    together = apart.with_updates(env={"colocate_pool": "default"})
+    for base, expected in ((apart, None), (together, BENCH_POOL)):
+        session = BenchSession(base, endpoints, None, None, tmp_path)
+        job = session.config("j", env={"max_groups": 4})
+        assert job.env.colocate_pool == expected and job.generation.transport == "direct"
+        assert session.config("j", env={"colocate_pool": None}).env.colocate_pool is None

@@ -29,6 +29,18 @@ def test_machine_scheduling_names_registered_stages_and_a_typo_fails_naming_it()
         stage_scheduling(build_config({"machine": {"scheduling": {"gen": {"nice": 5}}}}))
 
 
+def test_a_colocated_stage_not_named_is_scheduled_as_generation():
+    """envgen holds the generation member's engine, whose start is the run's critical path."""
+    generation, env = StageScheduling(nice=5, policy="batch", startup_policy="normal"), StageScheduling(nice=5)
+    scheduling = {"machine": {"scheduling": {"env": env, "generation": generation}}}
+    colocated = {"generation": {"transport": "direct"}, "env": {"colocate_pool": "default"}}
+    assert stage_scheduling(build_config({**scheduling, **colocated}))["envgen"] == generation
+    assert "envgen" not in stage_scheduling(build_config(scheduling)), "a job apart runs no envgen"
+    named = StageScheduling(nice=2)
+    both = {**scheduling, **colocated, "machine": {"scheduling": {"envgen": named, "generation": generation}}}
+    assert stage_scheduling(build_config(both))["envgen"] == named
+
+
 @pytest.mark.parametrize("stage, field", [({"nice": 20}, "nice"), ({"nice": -21}, "nice"),
                                           ({"policy": "fifo"}, "policy"), ({"share": 2}, "share"),
                                           ({"slice_ms": 0.01}, "slice_ms"), ({"slice_ms": 500}, "slice_ms"),

@@ -48,7 +48,11 @@ class Member:
     async def serve(self, req: GenerationRequest) -> GenerationResult | None:
         self.served.append(req)
         if self.behaviour == "hang":
-            await self.release.wait()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(req.cancellation())  # a call in this process is cancelled, not told
+                raise
         if self.behaviour == "fail":
             raise RuntimeError("engine exploded")
         if self.behaviour == "aborted":
@@ -292,3 +296,56 @@ async def test_a_request_that_arrives_after_stop_is_handed_back_and_asked_elsewh
     finally:
         await stopping.stop()
         await alive.stop()
+
+
+async def test_a_member_served_here_is_called_as_a_function_whatever_the_hash(client):
+    here, there = Member("here"), Member("there")
+    client.serve_here(here.server)
+    addresses = [here.server.address, there.server.address]
+    before = DIRECT_TURNS.labels("test", "here", "ok")._value.get()
+    try:
+        built = [request(f"g0-t{i}") for i in range(8)]
+        for req in built:
+            delivery, next_attempt = await client.request(addresses, lambda attempt, req=req: req)
+            assert delivery is not None and delivery.result.instance == "here" and next_attempt == 1
+        assert all(a is b for a, b in zip(here.served, built)), "the request was encoded and decoded: a copy"
+        assert there.served == [] and client.peers == {}, "no socket, not even to the other member"
+        assert DIRECT_TURNS.labels("test", "here", "ok")._value.get() == before + 8
+        # a trajectory of a pool it does not serve goes to that pool's member over its socket
+        delivery, _ = await client.request([there.server.address], lambda attempt: request("g9-t0", attempt))
+        assert delivery is not None and delivery.result.instance == "there" and list(client.peers) == addresses[1:]
+    finally:
+        await here.stop()
+        await there.stop()
+
+
+async def test_a_member_served_here_hands_back_errors_aborts_and_its_stop_as_a_remote_one_does(client):
+    failing, aborting, other = Member("failing", behaviour="fail"), Member("aborting", behaviour="aborted"), Member("o")
+    try:
+        client.serve_here(failing.server)
+        result, next_attempt = await client.request([failing.server.address], lambda a: request(attempt=a))
+        assert result is None and next_attempt == 1  # the bus sends attempt 1 and dead-letters it if it fails again
+        client.serve_here(aborting.server)
+        delivery, next_attempt = await client.request([aborting.server.address, other.server.address],
+                                                      lambda a: request(attempt=a))
+        assert delivery is not None and delivery.result.instance == "o" and delivery.result.attempt == 1
+        aborting.server.stop()  # stopped: takes no more calls, and the turn is asked elsewhere
+        delivery, _ = await client.request([aborting.server.address, other.server.address],
+                                           lambda a: request("g1-t0", attempt=a))
+        assert delivery is not None and delivery.result.instance == "o" and len(aborting.served) == 1
+    finally:
+        for member in (failing, aborting, other):
+            await member.stop()
+
+
+async def test_a_timed_out_call_here_cancels_the_handler(client):
+    member = Member("m0", behaviour="hang")
+    client.serve_here(member.server)
+    client.timeout_s = 0.3
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await client.request([member.server.address], lambda attempt: request(attempt=attempt))
+        assert [(a.traj_id, a.turn) for a in member.cancelled] == [("g0-t0", 0)]
+        assert member.server.slots._value == 8, "the cancelled call still holds a slot"
+    finally:
+        await member.stop()

@@ -58,3 +58,20 @@ async def test_a_member_whose_direct_socket_is_gone_is_reached_over_the_bus(harn
     assert len(after) == 2, harness.ended("after")
     assert turns(harness, "bus") >= sum(t.turns for t in after)
     assert await requests_on_the_bus(harness) >= sum(t.turns for t in after)
+
+
+@pytest.mark.rollout(tags={"frozenlake": GRID}, generation=DIRECT, env={"colocate_pool": "p1"})
+async def test_a_colocated_env_member_calls_its_generation_member_without_a_socket(harness, chat):
+    """As ``rollart consume envgen`` composes them (env.colocate_pool): the same turns, the same record,
+    and no connection: the member's server was called as a function."""
+    await harness.submit("c1", "frozenlake", group_size=3, seed=1)
+    await harness.wait_groups({"c1": 3})
+    trajectories = [harness.completed[t] for t in harness.ended("c1")["completed"]]
+    assert len(trajectories) == 3
+    assert turns(harness, "direct") == sum(t.turns for t in trajectories)
+    assert turns(harness, "bus") == 0 and await requests_on_the_bus(harness) == 0
+    assert harness.manager.direct.peers == {}, "a socket was opened to the member in this process"
+    for t in trajectories:
+        generated = [i for i, m in enumerate(t.loss_mask) if m]
+        assert generated and all(t.versions[i] == 0 and t.logprobs[i] < 0 for i in generated)
+        assert chat.decode(t.token_ids).count("<|im_start|>assistant") == t.turns

@@ -10,7 +10,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from rollart.chaos.inject import KILLABLE, stage_of
+from rollart.chaos.inject import KILLABLE, killable, stage_of
 from rollart.cli import app
 from rollart.config import build_config
 from rollart.deploy import render_job
@@ -65,6 +65,47 @@ def test_a_new_stage_is_one_registry_entry(monkeypatch, tmp_path):
     assert toy_stage.RAN == ["toyjob"], "`rollart consume toy` ran its runner"
     refused = CliRunner().invoke(app, ["consume", "toy", "--pool", "a", "--config", str(tmp_path / "job.yaml")])
     assert refused.exit_code == 2 and "not toy" in refused.output
+
+
+def test_a_colocated_pool_runs_env_and_generation_members_as_one_stage_everywhere():
+    """env.colocate_pool: the local runners, Kubernetes and the ACLs run ``envgen`` in place of the env
+    stage and that pool's generation stage; another pool's generation stage is as before."""
+    from rollart.config import ConfigError
+    from rollart.job.scale import ScaleRequest, validated
+
+    apart = build_config({"pools": ["a", "b"], "generation": {"transport": "direct"}})
+    together = apart.with_updates(env={"colocate_pool": "a"})
+    assert local_processes(together, training=True, members={"env": 2, "generation": 3}) == [
+        ("gen-b-0", ("generation", "--pool", "b")), ("gen-b-1", ("generation", "--pool", "b")),
+        ("gen-b-2", ("generation", "--pool", "b")), ("envgen-a-0", ("envgen", "--pool", "a")),
+        ("envgen-a-1", ("envgen", "--pool", "a")), ("reward-0", ("reward",)), ("trainer", ("trainer",)),
+        ("feeder", ("feeder",))]
+    assert "envgen" not in {stage_of(n) for n, _ in local_processes(apart, training=True)}
+    assert killable(apart) == KILLABLE and "envgen" not in KILLABLE  # what a chaos campaign's kill picks from
+    assert killable(together) == ("generation", "envgen", "reward", "trainer", "feeder")
+
+    access = {(a.stage, a.pool): a for a in job_access(together)}
+    assert set(access) == {("generation", "b"), ("envgen", "a"), ("reward", None), ("trainer", None), ("feeder", None)}
+    separate = {(a.stage, a.pool): a for a in job_access(apart)}
+    envgen, env, gen_a = access["envgen", "a"], separate["env", None], separate["generation", "a"]
+    assert set(envgen.groups) == set(env.groups) | set(gen_a.groups)
+    assert set(envgen.read) == set(env.read) | set(gen_a.read)
+    assert set(envgen.write) == set(env.write) | set(gen_a.write)
+
+    rendered = render_job(together.with_updates(deploy={"prometheus_url": "http://prometheus:9090"}))
+    deployments = {d["metadata"]["name"]: d for d in rendered if d["kind"] == "Deployment"}
+    assert "rollart-envgen-a" in deployments and "rollart-gen-b" in deployments
+    assert "rollart-env" not in deployments and "rollart-gen-a" not in deployments
+    container = deployments["rollart-envgen-a"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:5] == ["rollart", "consume", "envgen", "--pool", "a"]
+    assert container["resources"]["limits"].get("nvidia.com/gpu") == 1, "the pool's hardware"
+    assert any(port["name"] == "turns" for port in container["ports"]), "other env members reach it directly"
+
+    assert validated(together, ScaleRequest("envgen", 3, "a")).members == 3
+    for refused, says in ((ScaleRequest("env", 3), "runs no env members"),
+                          (ScaleRequest("generation", 3, "a"), "choose one of b")):
+        with pytest.raises(ConfigError, match=says):
+            validated(together, refused)
 
 
 @pytest.mark.parametrize("exit_at_stop", [True, False])
