@@ -42,8 +42,11 @@ async def run_envgen(config: RollartConfig, stop: StopRequest, *, pool: str, eng
     """Run an env member and a generation member of ``pool`` in this process until ``stop``."""
     from rollart.models.tiny import ensure_model
 
+    if config.env.colocate_pool is None:
+        raise ValueError("envgen runs an env member inside a generation member of env.colocate_pool, which "
+                         "this job does not set")
     if pool != config.env.colocate_pool:
-        raise ValueError(f"pool {pool!r} is not env.colocate_pool ({config.env.colocate_pool!r})")
+        raise ValueError(f"--pool {pool!r}: envgen serves env.colocate_pool, {config.env.colocate_pool!r}")
     model = ensure_model(config.model)
     if engine is None:
         from rollart.engines.vllm_engine import VLLMEngine

@@ -108,6 +108,13 @@ def test_a_colocated_pool_runs_env_and_generation_members_as_one_stage_everywher
             validated(together, refused)
 
 
+def test_envgen_refuses_a_job_that_does_not_colocate_naming_the_field(tmp_path):
+    (tmp_path / "job.yaml").write_text("job: apartjob\n")
+    done = subprocess.run([sys.executable, "-m", "rollart.cli", "consume", "envgen", "--pool", "default", "--config",
+                           str(tmp_path / "job.yaml")], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode != 0 and "env.colocate_pool" in done.stdout + done.stderr, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("exit_at_stop", [True, False])
 def test_a_stage_that_exits_at_stop_leaves_past_a_crashing_teardown(tmp_path, exit_at_stop):
     """A member that stopped cleanly exits 0 although its interpreter's teardown would crash (CI saw a
