@@ -416,3 +416,22 @@ def test_bench_jobs_take_the_configs_turn_path_and_layout(tmp_path):
         job = session.config("j", env={"max_groups": 4})
         assert job.env.colocate_pool == expected and job.generation.transport == "direct"
         assert session.config("j", env={"colocate_pool": None}).env.colocate_pool is None
+
+
+def test_each_time_to_quality_pair_runs_on_seeds_of_its_own(tmp_path):
+    """The in-process loop is deterministic for given seeds: pairs on one seed would set the pipeline's
+    spread against one draw of it. Repeat k moves the tasks', the sampling's and the trainer's seeds by
+    k - 1, in the file the pipeline's stages load and in the in-process loop's config alike."""
+    from rollart.bench.time_to_quality import SEEDED, repeat_job
+    from rollart.config import load_config
+
+    job_yaml = tmp_path / "job.yaml"
+    job_yaml.write_text("job: ttq\nfeeder: {seed: 5, group_size: 4}\ntrainer: {lr: 0.001}\n")
+    config = load_config(job_yaml)
+    assert repeat_job(job_yaml, config, 1, tmp_path / "work") == (job_yaml, config)
+    path, moved = repeat_job(job_yaml, config, 3, tmp_path / "work")
+    from_file = load_config(path)
+    for section in SEEDED:
+        assert getattr(moved, section).seed == getattr(from_file, section).seed == getattr(config, section).seed + 2
+    assert from_file.feeder.group_size == moved.feeder.group_size == 4 and from_file.trainer.lr == 0.001
+    assert from_file.job == moved.job == "ttq"
