@@ -22,6 +22,36 @@ from tests.conftest import REPO
 from tests.job.harness import finish, small_job, start, trained_steps, wait
 
 
+@pytest.mark.timeout(900)
+def test_a_colocated_run_survives_its_envgen_member_killed(endpoints, tiny_model, tmp_path):
+    """env.colocate_pool: one process holds the env member, the generation member and its engine. SIGKILL
+    it mid-run: the runner restarts it, its engine does not outlive it, the groups it was running are
+    rerun and the run trains every step, no trajectory twice."""
+    steps = 5
+    job = small_job(endpoints, tiny_model, generation={"transport": "direct"}, env={"colocate_pool": "default"})
+    proc, out = start(job, tmp_path, steps)
+    try:
+        wait(lambda: len(trained_steps(out)) >= 2, 300, "2 training steps", proc)
+        pids = json.loads((out / "pids.json").read_text())
+        assert set(pids) == {"envgen-default-0", "reward-0", "trainer", "feeder"}, "env and generation in one"
+        member = psutil.Process(pids["envgen-default-0"])
+        engine = [c for c in member.children(recursive=True) if "EngineCore" in " ".join(c.cmdline() + [c.name()])]
+        assert engine, "the co-located member holds the engine"
+        member.send_signal(signal.SIGKILL)
+        psutil.wait_procs(engine, timeout=30)
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engine), "engine outlived it"
+        killed_at = len(trained_steps(out))
+        wait(lambda: len(trained_steps(out)) >= killed_at + 1, 300, "a step after the member's restart", proc)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    report = finish(proc, out)
+    assert [s["step"] for s in report["steps"]] == list(range(1, steps + 1))
+    assert report["restarts"].get("envgen-default-0") == 1 and report["trained_duplicates"] == 0
+    assert report["staleness_max"] <= 1
+
+
 @pytest.mark.timeout(900)  # the run's own --timeout: a loaded 2-core machine takes well over 300 s
 def test_demo_config_learns(tmp_path):
     """The shipped demo (warm start, GRPO, alpha 1), shortened: the reward must rise."""
