@@ -23,6 +23,7 @@ the whole runs and says so.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,7 @@ async def bench_time_to_quality(config: RollartConfig, work_dir: Path, *, job_ya
                                 target: float = 0.9, window: int = 5,
                                 order: tuple[str, ...] = ("in-process", "pipeline"),
                                 repeats: int = 1) -> dict[str, Any]:
+    @functools.cache  # both runs of a repeat share its job (and its file is written once)
     def job(repeat: int) -> tuple[Path, RollartConfig]:
         return repeat_job(job_yaml, config, repeat, work_dir)
 

@@ -28,12 +28,13 @@ from rollart.names import REWARDS_JUDGE
 KILLABLE = tuple(s.name for s in STAGES.values() if s.requires is None and not s.hosts)
 KILL_TARGETS = tuple(s.name for s in STAGES.values() if s.requires is None)  # what kill:<stage> may name
 
+BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log
+BROKER_DOWN_S = 3.0  # how long the broker stays dead: clients see refused connections, not a blip
+
 
 def killable(config) -> tuple[str, ...]:
     """The stages of KILL_TARGETS this job runs: what a kill that names none picks from."""
     return tuple(name for name in KILL_TARGETS if STAGES[name].pools(config))
-BROKER = "broker"  # kill:broker: SIGKILL the campaign's own Apache Kafka, then start it on the same log
-BROKER_DOWN_S = 3.0  # how long the broker stays dead: clients see refused connections, not a blip
 
 
 @dataclass(frozen=True)
