@@ -29,6 +29,8 @@ from rollart.topics.admin import admin_client, apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["pytester", "tests.async_timeout"]
+
 
 SUITE_BROKER = os.environ.get("ROLLART_TEST_BROKER", "kafka")
 # Parametrizes a module's tests over both brokers (the fixtures below start each one once).

@@ -15,6 +15,7 @@ each partition's end from its first fetch response's high watermark.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -159,15 +160,39 @@ async def _read_kafka(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
         if offset < ends[tp]:
             consumer.seek(tp, offset)
             remaining.add(tp)
+    stall = _Stall(timeout_s, ends)
     while remaining:
         batch = await wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
+        positions = {}
         for tp in list(remaining):
             for record in batch.get(tp, ()):
                 if record.offset < ends[tp]:
                     yield record
             # Compaction and transaction markers leave gaps: the position, not the last record, says done.
-            if await consumer.position(tp) >= ends[tp]:
+            positions[tp] = await consumer.position(tp)
+            if positions[tp] >= ends[tp]:
                 remaining.discard(tp)
+        stall.check(positions)
+
+
+class _Stall:
+    """Fails a read whose positions have not moved for ``timeout_s``: a partition it cannot read on to
+    the end it saw (a leader gone, an end past what the reader may see) ends the read with where each
+    stood, instead of polling for ever."""
+
+    def __init__(self, timeout_s: float, ends: dict[TopicPartition, int]):
+        self.timeout_s = timeout_s
+        self.ends = ends  # filled in later by the Tansu read
+        self._positions: dict[TopicPartition, int] = {}
+        self._moved = time.monotonic()
+
+    def check(self, positions: dict[TopicPartition, int]) -> None:
+        if positions != self._positions:
+            self._positions, self._moved = positions, time.monotonic()
+        elif positions and time.monotonic() - self._moved > self.timeout_s:
+            stuck = ", ".join(f"{tp.topic}[{tp.partition}] at {at} of {self.ends.get(tp, '?')}"
+                              for tp, at in sorted(positions.items()))
+            raise TimeoutError(f"reading to the end made no progress for {self.timeout_s:g} s: {stuck}")
 
 
 async def _read_tansu(consumer: AIOKafkaConsumer, tps: list[TopicPartition], start: ReadStart,
@@ -180,8 +205,10 @@ async def _read_tansu(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
         consumer.seek(tp, start.offset or 0)  # out of range after retention: auto_offset_reset
     ends: dict[TopicPartition, int] = {}
     remaining = set(tps)
+    stall = _Stall(timeout_s, ends)
     while remaining:
         batch = await wait_for(consumer.getmany(*remaining, timeout_ms=200), timeout_s)
+        positions = {}
         for tp in list(remaining):
             if tp not in ends and consumer.highwater(tp) is not None:
                 ends[tp] = consumer.highwater(tp)
@@ -189,8 +216,10 @@ async def _read_tansu(consumer: AIOKafkaConsumer, tps: list[TopicPartition], sta
                 if record.offset < ends.get(tp, record.offset + 1) and \
                         (start.since_ms is None or record.timestamp >= start.since_ms):
                     yield record
-            if tp in ends and await consumer.position(tp) >= ends[tp]:
+            positions[tp] = await consumer.position(tp)
+            if tp in ends and positions[tp] >= ends[tp]:
                 remaining.discard(tp)
+        stall.check(positions)
 
 
 
