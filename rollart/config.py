@@ -198,6 +198,13 @@ class TrainerConfig(Section):
     # keeps them in the loss's normaliser, so the step is the same. Step metrics but the loss are then
     # over the trained rows (metrics.trained_fraction of the batch's tokens or sequences).
     skip_zero_advantage: bool = True
+    # Train a batch's groups as they complete: each group's forward and backward runs while the rest of
+    # the batch still rolls out, and the optimiser step (the same step: sums divided by the whole batch's
+    # tokens) once it is whole; the last group's part and the step are what is left between the batch's
+    # end and the publish (rollart/training/streamed_step.py). For a trainer on hardware of its own; on
+    # the 2-core demo it moved no step (the cores are the limit) and slowed the parts beside the rollout
+    # (README, "How training flows"). Needs advantages per group and one rank (refused otherwise).
+    stream_batch: bool = False
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal before forming a batch
     # Partial groups: a group that cannot fill (its replacements ran out, a reward dead-lettered) trains
     # with the members it has when at least this many were scored (advantages over those present), or
@@ -738,6 +745,18 @@ class RollartConfig(BaseSettings):
                              f"{self.feeder.group_size}")
         return self
 
+    def stream_batch_blocker(self) -> str | None:
+        """Why a batch cannot be trained group by group as its groups complete (None: it can)."""
+        if self.trainer.advantage_norm == "batch":
+            return "trainer.advantage_norm batch normalises over the whole batch"
+        if self.trainer.world_size > 1:
+            return "trainer.world_size > 1 shares each batch over ranks"
+        return None
+
+    def streams_batch(self) -> bool:
+        """Whether the trainer builds each step from the batch's groups as they complete."""
+        return self.trainer.stream_batch and self.stream_batch_blocker() is None
+
     def tag_quotas(self) -> dict[str, int]:
         """Each weighted tag's groups in a batch under ``trainer.task_mix: weights`` (largest remainder
         of ``groups_per_batch`` by weight); {} under ``arrival``."""
@@ -767,6 +786,13 @@ class RollartConfig(BaseSettings):
             raise ValueError("deploy.kafka_users: Strimzi's KafkaUsers log in with SCRAM-SHA-512; set "
                              "kafka.security_protocol SASL_SSL (or SASL_PLAINTEXT) and kafka.sasl_mechanism "
                              "SCRAM-SHA-512")
+        return self
+
+    @model_validator(mode="after")
+    def _check_stream_batch(self) -> "RollartConfig":
+        blocker = self.stream_batch_blocker()
+        if self.trainer.stream_batch and blocker:
+            raise ValueError(f"trainer.stream_batch: {blocker}; set it false")
         return self
 
     @model_validator(mode="after")

@@ -189,3 +189,12 @@ def test_a_colocated_pool_must_be_a_pool_on_the_direct_path():
         build_config({"pools": ["a"], "generation": {"transport": "direct"}, "env": {"colocate_pool": "b"}})
     with pytest.raises(ConfigError, match="env.colocate_pool: .*set generation.transport: direct"):
         build_config({"pools": ["a"], "generation": {"transport": "bus"}, "env": {"colocate_pool": "a"}})
+
+
+def test_a_streamed_batch_is_refused_naming_the_field_where_it_cannot_apply():
+    assert not build_config({}).streams_batch(), "off by default"
+    assert build_config({"trainer": {"stream_batch": True}}).streams_batch()
+    with pytest.raises(ConfigError, match=r"trainer.stream_batch: trainer.advantage_norm batch normalises"):
+        build_config({"trainer": {"stream_batch": True, "advantage_norm": "batch"}})
+    with pytest.raises(ConfigError, match=r"trainer.stream_batch: trainer.world_size > 1"):
+        build_config({"trainer": {"stream_batch": True, "world_size": 2}})

@@ -20,6 +20,7 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -38,6 +39,9 @@ from rollart.weights.follower import pulling_versions
 from rollart.names import REWARDS_RESULTS
 from rollart.stages.runner import Member, Work, run_member
 from rollart.timeouts import wait_for
+
+if TYPE_CHECKING:  # torch is imported by the backend that trains, not by this module
+    from rollart.training.streamed_step import StreamedStep
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ class TrainerStage:
         self._starving_marked = 0.0
         self._starving_logged = 0.0
         self.consumer: ConsumerLoop | None = None  # the loop feeding handle(), for its in-flight count
+        self.building: StreamedStep | None = None  # the step being built from the next batch's groups
         cfg = self.config
         self.backend = backend
         self.checkpoints = checkpoints
@@ -179,12 +184,16 @@ class TrainerStage:
 
     # -- the training loop ----------------------------------------------------------------------
 
-    async def next_batch(self, stop: asyncio.Event) -> list[Group] | None:
+    async def next_batch(self, stop: asyncio.Event, step: StreamedStep | None = None) -> list[Group] | None:
+        """The next batch's groups; with ``step``, the groups it holds are trained as they complete and
+        only the rest is returned (None: stopped)."""
         while not stop.is_set():
             await self._drop(self.buffer.evict_stale(self.version), "stale")
             await self._drop(self.buffer.drop_uninformative_groups(), "uninformative")
             await self._drop(self.buffer.drop_unfillable(), "incomplete_group")
-            batch = self.buffer.take_batch(self.version)
+            if step is not None:
+                await step.add(self.buffer.take_ready(self.version, step.groups))
+            batch = self.buffer.take_batch(self.version, taken=step.groups if step is not None else ())
             if batch is not None:
                 self._starving_since = None
                 return batch
@@ -207,9 +216,10 @@ class TrainerStage:
         if now - self._starving_since >= STARVING_LOG_S and now - self._starving_logged >= STARVING_LOG_S:
             self._starving_logged = now
             complete = len(self.buffer.complete_groups())
-            log.info("no batch for %.0fs: %d groups buffered (%d complete, %d needed), %d samples waiting, "
-                     "consumer %s in flight", now - self._starving_since, len(self.buffer), complete,
-                     self.buffer.groups_per_batch, len(self.waiting),
+            log.info("no batch for %.0fs: %d groups buffered (%d complete, %d needed, %d trained already), "
+                     "%d samples waiting, consumer %s in flight", now - self._starving_since, len(self.buffer),
+                     complete, self.buffer.groups_per_batch, len(self.building.groups) if self.building else 0,
+                     len(self.waiting),
                      "?" if self.consumer is None else f"{self.consumer.in_flight}/{self.consumer.max_in_flight}")
         if now - self._starving_marked >= 1.0:
             self._starving_marked = now
@@ -220,10 +230,21 @@ class TrainerStage:
         await self.ensure_published()
         while not stop.is_set() and (max_steps is None or self.state.step < max_steps):
             waited = time.perf_counter()
-            batch = await self.next_batch(stop)
+            step = self.building = self.streamed_step()
+            batch = await self.next_batch(stop, step)
             if batch is None:
                 return
-            await self.train_on(batch, wait_s=time.perf_counter() - waited)
+            await self.train_on(batch, wait_s=time.perf_counter() - waited, step=step)
+
+    def streamed_step(self) -> StreamedStep | None:
+        """A step to build from the batch's groups as they complete (``trainer.stream_batch``), or None."""
+        if not self.config.streams_batch():
+            return None
+        from rollart.training.streamed_step import StreamedStep
+
+        t = self.config.trainer
+        return StreamedStep(self.backend, norm=t.advantage_norm, per_step=t.samples == "step", version=self.version,
+                            pad_id=self.pad_id)
 
     async def ensure_published(self) -> None:
         """On start: make the log's version match these weights (a resumed trainer whose last step was
@@ -239,16 +260,26 @@ class TrainerStage:
             await self.publish(step=self.state.step)
         VERSION.labels(*self.labels).set(self.version)
 
-    async def train_on(self, groups: list[Group], *, wait_s: float) -> dict:
+    async def train_on(self, groups: list[Group], *, wait_s: float, step: StreamedStep | None = None) -> dict:
+        """One optimiser step on ``groups`` (with ``step``: on its groups too, trained as they completed)."""
         cfg = self.config.trainer
-        samples, staleness, metrics, train_s = await train_groups(self.backend, groups, self.config,
-                                                                  version=self.version, pad_id=self.pad_id)
+        whole_at = time.perf_counter()
+        if step is None:
+            samples, staleness, metrics, train_s = await train_groups(self.backend, groups, self.config,
+                                                                      version=self.version, pad_id=self.pad_id)
+        else:
+            await step.add(groups)
+            metrics = await step.finish()
+            groups, samples, train_s = step.groups, step.samples, step.compute_s
+            staleness = [self.version - s.trajectory.start_version for s in samples]
         self.state.step += 1
         trained_ids = [s.trajectory.traj_id for s in samples]
         self.recent.append(trained_ids)
         row = step_record(step=self.state.step, version=self.version, samples=samples, staleness=staleness,
                           metrics=metrics, wait_s=wait_s, train_s=train_s, buffer=self.buffer,
                           mixed_precision=cfg.mixed_precision)
+        # train_s: all of the step's compute; this: what was left of it once the batch was whole
+        row["train_tail_s"] = round(time.perf_counter() - whole_at, 6)
         self.checkpoints.append_record(row)  # before the checkpoint: a resume cuts rows it does not cover
         if self.tracking:
             await asyncio.to_thread(self.tracking.log, self.state.step, row)

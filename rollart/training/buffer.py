@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rollart.messages import Abort, GroupEnded, ScoredTrajectory
@@ -236,34 +237,70 @@ class SampleBuffer:
         """The groups a batch can take: full ones and trainable partial ones, oldest first."""
         return [g for g in self.groups.values() if self.trainable(g)]
 
-    def take_batch(self, current_version: int, now: float | None = None) -> list[Group] | None:
+    def take_batch(self, current_version: int, now: float | None = None, *,
+                   taken: Sequence[Group] = ()) -> list[Group] | None:
         """``groups_per_batch`` trainable, fresh groups (the oldest, in the task mix's shares), or None
         if there are not enough yet. Stale groups are evicted first (a caller that must know which
-        calls :meth:`evict_stale` itself). ``now``: monotonic seconds (the mix's wait)."""
+        calls :meth:`evict_stale` itself). ``now``: monotonic seconds (the mix's wait). ``taken``: the
+        batch's groups already taken by :meth:`take_ready` (a step built in parts): only the rest is
+        returned, and the batch counted once."""
         self.evict_stale(current_version)
         complete = self.complete_groups()
-        if len(complete) < self.groups_per_batch:
+        if len(complete) < self.groups_per_batch - len(taken):
             self._short_since = None
             return None
-        batch = self._mixed(complete, time.monotonic() if now is None else now)
+        batch = self._mixed(complete, time.monotonic() if now is None else now, taken)
         if batch is None:
             return None
-        for group in batch:
+        self._take(batch)
+        self.stats.batches += 1
+        return batch
+
+    def take_ready(self, current_version: int, taken: Sequence[Group]) -> list[Group]:
+        """Trainable groups that the batch being built from ``taken`` will hold whatever else arrives:
+        the oldest, up to its size and each tag's quota (a tag short of groups is filled by others only
+        at :meth:`take_batch`, after the mix's wait)."""
+        self.evict_stale(current_version)
+        room = self.groups_per_batch - len(taken)
+        left = self._quotas_left(taken)
+        ready = []
+        for group in self.complete_groups():
+            if len(ready) == room:
+                break
+            if left is None or left.get(group.tag, 0) > 0:
+                ready.append(group)
+                if left is not None:
+                    left[group.tag] -= 1
+        self._take(ready)
+        return ready
+
+    def _take(self, groups: list[Group]) -> None:
+        for group in groups:
             del self.groups[group.group_id]
             self.trained.update(group.members)
             self.trained_groups.add(group.group_id)
             self.stats.partial_groups += len(group.members) < self.group_size
-        self.stats.batches += 1
-        return batch
 
-    def _mixed(self, complete: list[Group], now: float) -> list[Group] | None:
-        """The batch from ``complete`` (oldest first) under the quotas; None while waiting for a short tag."""
+    def _quotas_left(self, taken: Sequence[Group]) -> dict[str | None, int] | None:
         if not self.quotas:
-            return complete[: self.groups_per_batch]
+            return None
+        left: dict[str | None, int] = dict(self.quotas)
+        for group in taken:
+            if left.get(group.tag, 0) > 0:
+                left[group.tag] -= 1
+        return left
+
+    def _mixed(self, complete: list[Group], now: float, taken: Sequence[Group] = ()) -> list[Group] | None:
+        """The rest of the batch from ``complete`` (oldest first) under the quotas, beside ``taken``;
+        None while waiting for a short tag."""
+        room = self.groups_per_batch - len(taken)
+        left = self._quotas_left(taken)
+        if left is None:
+            return complete[:room]
         picked: list[Group] = []
-        for tag, quota in self.quotas.items():
+        for tag, quota in left.items():
             picked += [g for g in complete if g.tag == tag][:quota]
-        short = self.groups_per_batch - len(picked)
+        short = room - len(picked)
         if short > 0:
             if self._short_since is None:
                 self._short_since = now

@@ -240,23 +240,36 @@ class AccumulatingBackend:
         metrics["grad_norm"] = self.apply_gradients()
         return metrics
 
-    def accumulate(self, batch: Batch, rows: Sequence[int]) -> dict[str, float]:
+    def accumulate(self, batch: Batch, rows: Sequence[int], *, normaliser: float | None = None) -> dict[str, float]:
         """Forward and backward over ``rows`` of the batch, micro-batched, adding to the gradients.
         Each micro-batch's loss is a mean over its own tokens (or sequences): it is weighed by its
         share of the *whole* batch's, so the gradients of disjoint ``rows`` (data-parallel ranks)
         sum to the whole batch's gradient, and so do the returned metrics (weighted sums: see
-        :func:`~rollart.training.algorithms.over_trained_rows`). Rows that carry no gradient are skipped."""
-        total_tokens = float(batch.loss_mask.sum().clamp(min=1.0))
+        :func:`~rollart.training.algorithms.over_trained_rows`). Rows that carry no gradient are skipped.
+        ``normaliser``: what a share is taken of, by default this batch's :meth:`loss_normaliser`; 1.0
+        leaves sums (a step built from parts divides them once the whole is known: :meth:`scale_gradients`)."""
+        normaliser = max(self.loss_normaliser(batch) if normaliser is None else normaliser, 1.0)
         metrics: dict[str, float] = {"loss": 0.0, "trained_fraction": 0.0}
         for micro in batch.micro_batches(self._rows_with_gradient(batch, rows), self.micro_batch,
                                          by_prefix=self.prefix_tree):
             with self.autocast():
                 loss, m, mask = self._micro_loss(micro)
-            share = (float(mask.sum()) / total_tokens if self.loss_cfg.token_mean
-                     else mask.shape[0] / batch.input_ids.shape[0])
+            share = (float(mask.sum()) if self.loss_cfg.token_mean else mask.shape[0]) / normaliser
             (loss * share).backward()
             combine_metrics(metrics, {**m, "trained_fraction": 1.0}, share)
         return metrics
+
+    def loss_normaliser(self, batch: Batch) -> float:
+        """What the batch's loss is a mean over: its generated tokens (``token_mean``) or its rows."""
+        if self.loss_cfg.token_mean:
+            return float(batch.loss_mask.sum())
+        return float(batch.input_ids.shape[0])
+
+    def scale_gradients(self, factor: float) -> None:
+        """Multiply the accumulated gradients by ``factor`` (sums over parts, into the whole's mean)."""
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
 
     def _rows_with_gradient(self, batch: Batch, rows: Sequence[int]) -> list[int]:
         """``rows`` less those with advantage 0 where the loss gives them no gradient (their tokens still

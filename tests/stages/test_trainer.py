@@ -351,8 +351,25 @@ async def test_each_step_goes_to_the_configured_trackers(trainer, loops, tmp_pat
     assert "train/loss/grad_norm" in events.Tags()["scalars"], "the backend's loss terms too"
 
 
-@pytest.mark.trainer(tags={"fast": {"env": "frozenlake"}, "slow": {"env": "frozenlake"}})
+TWO_TAGS = {"fast": {"env": "frozenlake"}, "slow": {"env": "frozenlake"}}
+
+
+@pytest.mark.trainer(tags=TWO_TAGS)
 async def test_a_fast_tag_does_not_crowd_a_slow_one_out_of_the_batches(trainer, loops):
+    await _fast_and_slow(trainer, loops)
+    assert trainer.stage.building is None
+
+
+@pytest.mark.trainer(tags=TWO_TAGS, trainer={"stream_batch": True})
+async def test_a_streamed_batch_trains_a_complete_group_before_the_batch_is_whole(trainer, loops):
+    """The fast tag's share of the batch is trained while the batch waits for the slow tag; the step
+    then holds both, and only the slow group's part was left once the batch was whole."""
+    await _fast_and_slow(trainer, loops, streamed=True)
+    step = trainer.steps()[0]
+    assert 0 < step["train_tail_s"] <= step["train_s"] + 0.05
+
+
+async def _fast_and_slow(trainer, loops, *, streamed: bool = False) -> None:
     job = trainer.config.job
 
     def of(tag: str, group: int) -> list[ScoredTrajectory]:
@@ -362,7 +379,13 @@ async def test_a_fast_tag_does_not_crowd_a_slow_one_out_of_the_batches(trainer, 
     await trainer.start(loops)
     await trainer.produce([s for g in range(3) for s in of("fast", g)])
     await asyncio.sleep(2.0)  # three fast groups, enough for a batch of two: held for the slow tag's share
-    assert trainer.steps() == [] and len(trainer.stage.buffer.complete_groups()) == 3
+    held = len(trainer.stage.buffer.complete_groups())
+    assert trainer.steps() == []
+    if streamed:
+        assert [g.tag for g in trainer.stage.building.groups] == ["fast"], "the fast share, trained already"
+        assert trainer.stage.building.compute_s > 0 and held == 2, "the fast surplus stays buffered"
+    else:
+        assert held == 3
     await trainer.produce(of("slow", 10))
     await eventually(lambda: len(trainer.steps()) == 1, what="a step once the slow tag has a group")
     assert trainer.steps()[0]["groups_by_tag"] == {"fast": 1, "slow": 1}

@@ -200,3 +200,46 @@ def test_a_replacement_that_completed_nothing_lets_its_group_train_partially():
     key = buf2.member_failed(replace(reward_failed("h", 1), replacement="h-1.d-0"))
     buf2.forget(key)  # its handler was cancelled: it will come again
     assert buf2.groups["h"].replacing == set() and buf2.groups["h"].failed == set()
+
+
+def test_a_batch_built_in_parts_takes_ready_groups_then_the_rest_and_counts_once():
+    """take_ready hands out complete groups the batch will hold whatever arrives later (the oldest, up to
+    its size); take_batch then returns only the rest. Stale groups are evicted first either way."""
+    buf = SampleBuffer(group_size=2, groups_per_batch=3, alpha=1, capacity=10)
+    for i in range(2):
+        buf.add(scored("old", i, 2))
+    buf.add(scored("g1", 0, 4))
+    for i in range(2):
+        buf.add(scored("g2", i, 4))
+    taken = buf.take_ready(current_version=4, taken=[])
+    assert [g.group_id for g in taken] == ["g2"], "the only complete fresh group; 'old' is evicted"
+    assert buf.stats.evicted_stale_groups == 1
+    assert buf.take_batch(current_version=4, taken=taken) is None, "one of three: not yet"
+    assert not buf.add(scored("g2", 0, 4)), "a taken group's members count as trained"
+    buf.add(scored("g1", 1, 4))
+    taken += buf.take_ready(current_version=4, taken=taken)
+    assert [g.group_id for g in taken] == ["g2", "g1"]
+    for i in range(2):
+        buf.add(scored("g3", i, 4))
+        buf.add(scored("g4", i, 4))
+    rest = buf.take_batch(current_version=4, taken=taken)
+    assert [g.group_id for g in rest] == ["g3"], "the rest of the batch: one group"
+    assert [g.group_id for g in buf.groups.values()] == ["g4"] and buf.stats.batches == 1
+
+
+def test_a_batch_built_in_parts_keeps_the_task_mix():
+    """Ready groups are taken only within their tag's quota; a short tag is filled by others only when
+    the batch is formed, after the mix's wait."""
+    buf = SampleBuffer(group_size=1, groups_per_batch=4, alpha=1, capacity=20, quotas={"fast": 2, "slow": 2},
+                       mix_wait_s=10.0)
+    for i in range(4):
+        buf.add(tagged(f"f{i}", "fast"))
+    taken = buf.take_ready(current_version=4, taken=[])
+    assert [g.group_id for g in taken] == ["f0", "f1"], "the fast tag's quota, no more"
+    assert buf.take_ready(current_version=4, taken=taken) == []
+    buf.add(tagged("s0", "slow"))
+    taken += buf.take_ready(current_version=4, taken=taken)
+    assert [g.group_id for g in taken] == ["f0", "f1", "s0"]
+    assert buf.take_batch(current_version=4, taken=taken, now=100.0) is None, "the slow tag is one short: wait"
+    rest = buf.take_batch(current_version=4, taken=taken, now=110.5)
+    assert [g.group_id for g in rest] == ["f2"] and buf.stats.mix_shortfall == 1
