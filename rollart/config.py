@@ -745,18 +745,6 @@ class RollartConfig(BaseSettings):
                              f"{self.feeder.group_size}")
         return self
 
-    def stream_batch_blocker(self) -> str | None:
-        """Why a batch cannot be trained group by group as its groups complete (None: it can)."""
-        if self.trainer.advantage_norm == "batch":
-            return "trainer.advantage_norm batch normalises over the whole batch"
-        if self.trainer.world_size > 1:
-            return "trainer.world_size > 1 shares each batch over ranks"
-        return None
-
-    def streams_batch(self) -> bool:
-        """Whether the trainer builds each step from the batch's groups as they complete."""
-        return self.trainer.stream_batch and self.stream_batch_blocker() is None
-
     def tag_quotas(self) -> dict[str, int]:
         """Each weighted tag's groups in a batch under ``trainer.task_mix: weights`` (largest remainder
         of ``groups_per_batch`` by weight); {} under ``arrival``."""
@@ -790,9 +778,14 @@ class RollartConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check_stream_batch(self) -> "RollartConfig":
-        blocker = self.stream_batch_blocker()
-        if self.trainer.stream_batch and blocker:
-            raise ValueError(f"trainer.stream_batch: {blocker}; set it false")
+        """A batch trained group by group needs advantages per group and the whole batch on one rank."""
+        if not self.trainer.stream_batch:
+            return self
+        if self.trainer.advantage_norm == "batch":
+            raise ValueError("trainer.stream_batch: trainer.advantage_norm batch normalises over the whole batch; "
+                             "set it false")
+        if self.trainer.world_size > 1:
+            raise ValueError("trainer.stream_batch: trainer.world_size > 1 shares each batch over ranks; set it false")
         return self
 
     @model_validator(mode="after")

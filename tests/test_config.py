@@ -192,8 +192,8 @@ def test_a_colocated_pool_must_be_a_pool_on_the_direct_path():
 
 
 def test_a_streamed_batch_is_refused_naming_the_field_where_it_cannot_apply():
-    assert not build_config({}).streams_batch(), "off by default"
-    assert build_config({"trainer": {"stream_batch": True}}).streams_batch()
+    assert not build_config({}).trainer.stream_batch, "off by default"
+    assert build_config({"trainer": {"stream_batch": True}}).trainer.stream_batch
     with pytest.raises(ConfigError, match=r"trainer.stream_batch: trainer.advantage_norm batch normalises"):
         build_config({"trainer": {"stream_batch": True, "advantage_norm": "batch"}})
     with pytest.raises(ConfigError, match=r"trainer.stream_batch: trainer.world_size > 1"):

@@ -238,7 +238,7 @@ class TrainerStage:
 
     def streamed_step(self) -> StreamedStep | None:
         """A step to build from the batch's groups as they complete (``trainer.stream_batch``), or None."""
-        if not self.config.streams_batch():
+        if not self.config.trainer.stream_batch:
             return None
         from rollart.training.streamed_step import StreamedStep
 
@@ -271,7 +271,7 @@ class TrainerStage:
             await step.add(groups)
             metrics = await step.finish()
             groups, samples, train_s = step.groups, step.samples, step.compute_s
-            staleness = [self.version - s.trajectory.start_version for s in samples]
+            staleness = sample_staleness(samples, self.version)
         self.state.step += 1
         trained_ids = [s.trajectory.traj_id for s in samples]
         self.recent.append(trained_ids)
@@ -347,11 +347,16 @@ async def train_groups(backend, groups: list[Group], config: RollartConfig, *, v
 
     cfg = config.trainer
     samples = [s for g in groups for s in g.members.values()]
-    staleness = [version - s.trajectory.start_version for s in samples]
+    staleness = sample_staleness(samples, version)
     started = time.perf_counter()
     batch = collate(samples, pad_id=pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step", version=version)
     metrics = await asyncio.to_thread(backend.train_step, batch)
     return samples, staleness, metrics, time.perf_counter() - started
+
+
+def sample_staleness(samples: list[ScoredTrajectory], version: int) -> list[int]:
+    """Versions between ``version`` and each sample's start."""
+    return [version - s.trajectory.start_version for s in samples]
 
 
 def token_staleness_mean(samples: list[ScoredTrajectory], version: int) -> float:

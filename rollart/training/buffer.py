@@ -261,16 +261,7 @@ class SampleBuffer:
         the oldest, up to its size and each tag's quota (a tag short of groups is filled by others only
         at :meth:`take_batch`, after the mix's wait)."""
         self.evict_stale(current_version)
-        room = self.groups_per_batch - len(taken)
-        left = self._quotas_left(taken)
-        ready = []
-        for group in self.complete_groups():
-            if len(ready) == room:
-                break
-            if left is None or left.get(group.tag, 0) > 0:
-                ready.append(group)
-                if left is not None:
-                    left[group.tag] -= 1
+        ready = self._within_quotas(self.complete_groups(), taken)
         self._take(ready)
         return ready
 
@@ -290,18 +281,22 @@ class SampleBuffer:
                 left[group.tag] -= 1
         return left
 
-    def _mixed(self, complete: list[Group], now: float, taken: Sequence[Group] = ()) -> list[Group] | None:
-        """The rest of the batch from ``complete`` (oldest first) under the quotas, beside ``taken``;
-        None while waiting for a short tag."""
+    def _within_quotas(self, complete: list[Group], taken: Sequence[Group]) -> list[Group]:
+        """The oldest of ``complete`` that fit beside ``taken``: up to the batch's size and each tag's
+        quota left, oldest first."""
         room = self.groups_per_batch - len(taken)
         left = self._quotas_left(taken)
         if left is None:
             return complete[:room]
-        picked: list[Group] = []
-        for tag, quota in left.items():
-            picked += [g for g in complete if g.tag == tag][:quota]
-        short = room - len(picked)
-        if short > 0:
+        chosen = {id(g) for tag, quota in left.items() for g in [g for g in complete if g.tag == tag][:quota]}
+        return [g for g in complete if id(g) in chosen]
+
+    def _mixed(self, complete: list[Group], now: float, taken: Sequence[Group] = ()) -> list[Group] | None:
+        """The rest of the batch from ``complete`` (oldest first) under the quotas, beside ``taken``;
+        None while waiting for a short tag."""
+        picked = self._within_quotas(complete, taken)
+        short = self.groups_per_batch - len(taken) - len(picked)
+        if self.quotas and short > 0:
             if self._short_since is None:
                 self._short_since = now
             if now - self._short_since < self.mix_wait_s:

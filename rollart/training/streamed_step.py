@@ -26,7 +26,8 @@ from rollart.training.torch_backend import AccumulatingBackend, collate
 
 
 class StreamedStep:
-    """Gradients of a batch accumulated part by part; :meth:`finish` takes the optimiser step."""
+    """Gradients of a batch accumulated part by part (from zero: the backend's gradients are cleared
+    when the step is made); :meth:`finish` takes the optimiser step."""
 
     def __init__(self, backend: AccumulatingBackend, *, norm: str, per_step: bool, version: int, pad_id: int):
         self.backend = backend

@@ -273,7 +273,7 @@ class AccumulatingBackend:
 
     def _rows_with_gradient(self, batch: Batch, rows: Sequence[int]) -> list[int]:
         """``rows`` less those with advantage 0 where the loss gives them no gradient (their tokens still
-        count in the normaliser through ``total_tokens`` and the batch's row count)."""
+        count in the normaliser, :meth:`loss_normaliser`)."""
         if not self.loss_cfg.skips_zero_advantage_rows:
             return list(rows)
         advantages = batch.advantages.tolist()
