@@ -7,14 +7,16 @@ at random in the recorded prefix tree: compute depends on the shapes and the sha
 through the same backend and config, one step after the other with nothing else running, and reports
 in-run ÷ alone: what sharing the machine with the rest of the loop costs the trainer (the "Loop
 throughput" goal: within 1.3x); then the same steps in the other precision and with the prefix tree
-the other way.
+the other way. Both sides time the same work in the training thread (the batch's collation and the
+step), and where the record has them (since the thirty-ninth session) the training thread's seconds on
+a core and waiting for one (:mod:`rollart.training.thread_clock`): a step slower in the run either
+waited for its core or ran slower on it.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from rollart.config import RollartConfig
 from rollart.messages import Float32Array, Int32Array, ScoredTrajectory, UInt8Array
 from rollart.messages.samples import sample_trajectory
 from rollart.training.checkpoint import CheckpointStore
+from rollart.training.thread_clock import ThreadTimes, timed
 
 
 def shaped_batch(lengths: list[int], generated: list[int], group_size: int, vocab: int,
@@ -103,7 +106,7 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
 
     from rollart.training.torch_backend import autocast_dtype, cpu_has_bf16
 
-    in_run = [row["train_s"] for row in rows]
+    in_run = [ThreadTimes(row["train_s"], row.get("train_cpu_s"), row.get("train_queue_s")) for row in rows]
     precision, tree = config.trainer.mixed_precision, backend.prefix_tree
     other = "bf16" if precision == "no" else "no"
     alone = _timed_steps(backend, config, rows)
@@ -112,13 +115,17 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
     backend.mixed_precision = autocast_dtype(precision, backend.device)
     backend.prefix_tree = not tree  # (a Megatron backend has none: both rows then run its own forward)
     alone_flipped = _timed_steps(backend, config, rows)
-    ratio = statistics.mean(in_run) / statistics.mean(alone)
+    ratio = _mean(in_run, "wall_s") / _mean(alone, "wall_s")
     bf16, fp32 = (alone_other, alone) if other == "bf16" else (alone, alone_other)
     with_tree, padded = (alone, alone_flipped) if tree else (alone_flipped, alone)
     recorded = [r for r in rows if "distinct_tokens" in r]
+    cpu_in_run = _mean(in_run, "cpu_s")
     return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
-            "bf16_over_fp32": statistics.mean(bf16) / statistics.mean(fp32),
-            "tree_over_padded": statistics.mean(with_tree) / statistics.mean(padded),
+            # on a core only: > 1 is the step running slower in the run (caches, memory), not waiting
+            "cpu_in_run_over_alone": None if cpu_in_run is None else cpu_in_run / _mean(alone, "cpu_s"),
+            "queue_s_in_run": _mean(in_run, "queue_s"),
+            "bf16_over_fp32": _mean(bf16, "wall_s") / _mean(fp32, "wall_s"),
+            "tree_over_padded": _mean(with_tree, "wall_s") / _mean(padded, "wall_s"),
             "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(), "mixed_precision": precision,
                       "prefix_tree": tree, "cpu_bf16": cpu_has_bf16(),
                       "samples_per_step": statistics.mean(len(r["lengths"]) for r in rows),
@@ -131,13 +138,20 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
                      _timing(f"alone, prefix_tree {'off' if tree else 'on'}", alone_flipped)]}
 
 
-def _timing(mode: str, seconds: list[float]) -> dict[str, Any]:
-    return {"mode": mode, "step_s_mean": statistics.mean(seconds), "step_s_p50": statistics.median(seconds)}
+def _mean(times: list[ThreadTimes], field: str) -> Any:
+    values = [getattr(t, field) for t in times]
+    return None if None in values else statistics.mean(values)
 
 
-def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[float]:
-    """Each row's batch shape through one training step, after one untimed step (first-step
-    allocations are not the trainer's steady cost); the seconds of each."""
+def _timing(mode: str, times: list[ThreadTimes]) -> dict[str, Any]:
+    return {"mode": mode, "step_s_mean": _mean(times, "wall_s"),
+            "step_s_p50": statistics.median(t.wall_s for t in times),
+            "cpu_s_mean": _mean(times, "cpu_s"), "queue_s_mean": _mean(times, "queue_s")}
+
+
+def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[ThreadTimes]:
+    """Each row's batch shape collated and trained, one step each, after one untimed step (first-step
+    allocations are not the trainer's steady cost); the times of each, as the trainer takes them."""
     from rollart.training.torch_backend import collate
 
     vocab = int(backend.model.config.vocab_size)
@@ -145,16 +159,13 @@ def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[float
     group_size = config.feeder.group_size
     options = {"pad_id": 0, "norm": config.trainer.advantage_norm, "per_step": config.trainer.samples == "step"}
 
-    def replayed(row: dict):
-        samples = shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"),
-                               row.get("rewards"))
-        return collate(samples, **options)
+    def replayed(row: dict) -> list[ScoredTrajectory]:
+        return shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"),
+                            row.get("rewards"))
 
-    backend.train_step(replayed(rows[0]))
-    seconds = []
+    backend.train_step(collate(replayed(rows[0]), **options))
+    times = []
     for row in rows:
-        batch = replayed(row)
-        started = time.perf_counter()
-        backend.train_step(batch)
-        seconds.append(time.perf_counter() - started)
-    return seconds
+        samples = replayed(row)
+        times.append(timed(lambda: backend.train_step(collate(samples, **options)))[1])
+    return times

@@ -118,7 +118,8 @@ def trainer_step_cmd(run: Annotated[Path, typer.Option(help="A finished run's --
     from rollart.bench.trainer_step import bench_trainer_step
 
     try:
-        run_benchmark(config, out, bench_trainer_step, ["mode", "step_s_mean", "step_s_p50"],
+        run_benchmark(config, out, bench_trainer_step, ["mode", "step_s_mean", "step_s_p50", "cpu_s_mean",
+                                                         "queue_s_mean"],
                       "trainer step in the run over alone", run=run, steps=steps, torch_threads=torch_threads)
     except ValueError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")

@@ -81,15 +81,15 @@ class InProcessLoop:
         rollout_s = time.perf_counter() - started
         if self.on_rollout_end is not None:
             self.on_rollout_end(step)
-        samples, staleness, metrics, train_s = await train_groups(self.backend, batch, self.config,
-                                                                  version=self.version, pad_id=self.pad_id)
+        samples, staleness, metrics, train = await train_groups(self.backend, batch, self.config,
+                                                                version=self.version, pad_id=self.pad_id)
         row = step_record(step=step, version=self.version, samples=samples, staleness=staleness, metrics=metrics,
-                          wait_s=rollout_s, train_s=train_s, buffer=self.buffer,
+                          wait_s=rollout_s, train=train, buffer=self.buffer,
                           mixed_precision=self.config.trainer.mixed_precision)
         row["sync_s"] = round(await self._load_weights(), 6)
         self.record.append_record(row)
         log.info("step %d: reward %.3f success %.2f (%.2fs rollout, %.2fs train, %.2fs weights)", step,
-                 row["reward_mean"], row["success_rate"], rollout_s, train_s, row["sync_s"])
+                 row["reward_mean"], row["success_rate"], rollout_s, train.wall_s, row["sync_s"])
         return row
 
     async def _rollout(self):

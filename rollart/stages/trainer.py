@@ -33,6 +33,7 @@ from rollart.training.algorithms import PolicyLossConfig
 from rollart.training.buffer import Group, SampleBuffer
 from rollart.tracking import Trackers
 from rollart.training.checkpoint import CheckpointStore, TrainerState
+from rollart.training.thread_clock import ThreadTimes, in_thread
 from rollart.weights import WeightPublisher, make_transport
 from rollart.state.admission import AdmissionCounters, starving_key
 from rollart.weights.follower import pulling_versions
@@ -265,18 +266,18 @@ class TrainerStage:
         cfg = self.config.trainer
         whole_at = time.perf_counter()
         if step is None:
-            samples, staleness, metrics, train_s = await train_groups(self.backend, groups, self.config,
-                                                                      version=self.version, pad_id=self.pad_id)
+            samples, staleness, metrics, train = await train_groups(self.backend, groups, self.config,
+                                                                    version=self.version, pad_id=self.pad_id)
         else:
             await step.add(groups)
             metrics = await step.finish()
-            groups, samples, train_s = step.groups, step.samples, step.compute_s
+            groups, samples, train = step.groups, step.samples, step.times
             staleness = sample_staleness(samples, self.version)
         self.state.step += 1
         trained_ids = [s.trajectory.traj_id for s in samples]
         self.recent.append(trained_ids)
         row = step_record(step=self.state.step, version=self.version, samples=samples, staleness=staleness,
-                          metrics=metrics, wait_s=wait_s, train_s=train_s, buffer=self.buffer,
+                          metrics=metrics, wait_s=wait_s, train=train, buffer=self.buffer,
                           mixed_precision=cfg.mixed_precision)
         # train_s: all of the step's compute; this: what was left of it once the batch was whole
         row["train_tail_s"] = round(time.perf_counter() - whole_at, 6)
@@ -290,7 +291,7 @@ class TrainerStage:
         self._settle(groups, None)
         await self.admission.trained([g.group_id for g in groups])
         publish_s = await self.publish(step=self.state.step)
-        for phase, seconds in (("wait", wait_s), ("train", train_s), ("checkpoint", checkpoint_s),
+        for phase, seconds in (("wait", wait_s), ("train", train.wall_s), ("checkpoint", checkpoint_s),
                                ("publish", publish_s)):
             STEP_SECONDS.labels(*self.labels, phase).observe(seconds)
         STEPS.labels(*self.labels).inc()
@@ -300,7 +301,7 @@ class TrainerStage:
         for value in staleness:
             STALENESS.labels(*self.labels).observe(value)
         log.info("step %d: reward %.3f success %.2f staleness<=%d version %d (%.2fs train)", self.state.step,
-                 row["reward_mean"], row["success_rate"], row["staleness_max"], self.version, train_s)
+                 row["reward_mean"], row["success_rate"], row["staleness_max"], self.version, train.wall_s)
         return row
 
     async def checkpoint(self) -> None:
@@ -340,18 +341,22 @@ class TrainerStage:
 
 
 async def train_groups(backend, groups: list[Group], config: RollartConfig, *, version: int,
-                       pad_id: int) -> tuple[list[ScoredTrajectory], list[int], dict, float]:
-    """One optimiser step on ``groups`` (collate, then the backend in a thread): the samples, their
-    staleness against ``version``, the backend's metrics and the seconds it took."""
+                       pad_id: int) -> tuple[list[ScoredTrajectory], list[int], dict, ThreadTimes]:
+    """One optimiser step on ``groups`` (collated and trained in a worker thread, the consumer going on
+    meanwhile): the samples, their staleness against ``version``, the backend's metrics and the step's
+    times in that thread (wall, on a core, waiting for one)."""
     from rollart.training.torch_backend import collate
 
     cfg = config.trainer
     samples = [s for g in groups for s in g.members.values()]
     staleness = sample_staleness(samples, version)
-    started = time.perf_counter()
-    batch = collate(samples, pad_id=pad_id, norm=cfg.advantage_norm, per_step=cfg.samples == "step", version=version)
-    metrics = await asyncio.to_thread(backend.train_step, batch)
-    return samples, staleness, metrics, time.perf_counter() - started
+
+    def step() -> dict:
+        return backend.train_step(collate(samples, pad_id=pad_id, norm=cfg.advantage_norm,
+                                          per_step=cfg.samples == "step", version=version))
+
+    metrics, times = await in_thread(step)
+    return samples, staleness, metrics, times
 
 
 def sample_staleness(samples: list[ScoredTrajectory], version: int) -> list[int]:
@@ -376,7 +381,7 @@ def token_staleness_mean(samples: list[ScoredTrajectory], version: int) -> float
 
 
 def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], staleness: list[int], metrics: dict,
-                wait_s: float, train_s: float, buffer: SampleBuffer, mixed_precision: str) -> dict:
+                wait_s: float, train: ThreadTimes, buffer: SampleBuffer, mixed_precision: str) -> dict:
     """One row of the trainer's record (``record.jsonl``) for a trained batch; the in-process loop of
     ``rollart bench time-to-quality`` writes the same rows, so both runs are read by one reader."""
     rewards = [s.reward for s in samples]
@@ -397,7 +402,9 @@ def step_record(*, step: int, version: int, samples: list[ScoredTrajectory], sta
         "rewards": [round(float(s.reward), 6) for s in samples],  # which groups train (equal rewards: none)
         **_shared_prefixes(samples),
         "torch_threads": _torch_threads(), "mixed_precision": mixed_precision,
-        "wait_s": round(wait_s, 6), "train_s": round(train_s, 6),
+        "wait_s": round(wait_s, 6), "train_s": round(train.wall_s, 6),
+        # of train_s, the training thread's time on a core and runnable but waiting for one (Linux)
+        "train_cpu_s": _rounded(train.cpu_s), "train_queue_s": _rounded(train.queue_s),
         "buffer_groups": len(buffer),
         "dropped": {"duplicates": st.duplicates, "overflow": st.overflow, "stale_groups": st.evicted_stale_groups,
                     "incomplete_groups": st.evicted_full_groups + st.unfillable_groups,
@@ -424,6 +431,10 @@ def _shared_prefixes(samples: list[ScoredTrajectory]) -> dict:
 def _groups_by_tag(samples: list[ScoredTrajectory]) -> dict[str, int]:
     tags = {s.trajectory.group_id: s.trajectory.tag for s in samples}
     return {tag: list(tags.values()).count(tag) for tag in sorted(set(tags.values()))}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 6)
 
 
 def _torch_threads() -> int | None:

@@ -16,12 +16,10 @@ are the same alone as in the batch. Per group, the prefix tree also finds more o
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 from rollart.messages import ScoredTrajectory
 from rollart.training.algorithms import MAX_METRICS, combine_metrics, over_trained_rows
 from rollart.training.buffer import Group
+from rollart.training.thread_clock import ThreadTimes, in_thread
 from rollart.training.torch_backend import AccumulatingBackend, collate
 
 
@@ -36,7 +34,7 @@ class StreamedStep:
         self.samples: list[ScoredTrajectory] = []
         self.metrics: dict[str, float] = {}
         self.normaliser = 0.0  # the batch's tokens (or rows) so far
-        self.compute_s = 0.0  # seconds spent on the parts
+        self.times = ThreadTimes(0.0, 0.0, 0.0)  # the parts' and the step's, in their worker threads
         backend.optimizer.zero_grad(set_to_none=True)
 
     async def add(self, groups: list[Group]) -> None:
@@ -44,19 +42,21 @@ class StreamedStep:
         if not groups:
             return
         samples = [s for g in groups for s in g.members.values()]
-        started = time.perf_counter()
-        batch = collate(samples, pad_id=self.pad_id, norm=self.norm, per_step=self.per_step, version=self.version)
-        part = await asyncio.to_thread(self.backend.accumulate, batch, range(batch.input_ids.shape[0]),
-                                       normaliser=1.0)
-        combine_metrics(self.metrics, part)
-        self.normaliser += self.backend.loss_normaliser(batch)
+
+        def part() -> tuple[dict[str, float], float]:
+            batch = collate(samples, pad_id=self.pad_id, norm=self.norm, per_step=self.per_step, version=self.version)
+            metrics = self.backend.accumulate(batch, range(batch.input_ids.shape[0]), normaliser=1.0)
+            return metrics, self.backend.loss_normaliser(batch)
+
+        (metrics, normaliser), times = await in_thread(part)
+        combine_metrics(self.metrics, metrics)
+        self.normaliser += normaliser
         self.groups += groups
         self.samples += samples
-        self.compute_s += time.perf_counter() - started
+        self.times += times
 
     async def finish(self) -> dict[str, float]:
         """Divide the sums by the whole batch's count, clip and step; returns the step's metrics."""
-        started = time.perf_counter()
         total = max(self.normaliser, 1.0)
         metrics = {k: v if k in MAX_METRICS else v / total for k, v in self.metrics.items()}
 
@@ -64,6 +64,6 @@ class StreamedStep:
             self.backend.scale_gradients(1.0 / total)
             return self.backend.apply_gradients()
 
-        grad_norm = await asyncio.to_thread(step)
-        self.compute_s += time.perf_counter() - started
+        grad_norm, times = await in_thread(step)
+        self.times += times
         return {**over_trained_rows(metrics), "grad_norm": grad_norm}

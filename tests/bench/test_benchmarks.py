@@ -207,8 +207,9 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert [int(sum(s.trajectory.loss_mask)) for s in batch] == [3, 5, 1, 4]
     assert {s.trajectory.group_id for s in batch} == {"b-g0", "b-g1"}
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    rows = [{"step": i + 1, "train_s": 0.5, "lengths": LENGTHS, "generated": [3, 5, 1, 4], "torch_threads": 1,
-             "shared_prefix": SHARED_PREFIX, "distinct_tokens": 36} for i in range(3)]
+    rows = [{"step": i + 1, "train_s": 0.5, "train_cpu_s": 0.3, "train_queue_s": 0.1 * i, "lengths": LENGTHS,
+             "generated": [3, 5, 1, 4], "torch_threads": 1, "shared_prefix": SHARED_PREFIX, "distinct_tokens": 36}
+            for i in range(3)]
     rows.insert(1, {"event": "publish", "step": 1})
     (tmp_path / "run" / "checkpoints" / "record.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = build_config({"model": {"path": str(tiny_model)}, "feeder": {"group_size": 2},
@@ -217,6 +218,11 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert result["setup"]["steps"] == 2 and result["setup"]["torch_threads"] == 1
     alone = result["rows"][1]["step_s_mean"]
     assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
+    # the training thread's time on a core, in the run (recorded) and alone (the same thread's clock)
+    alone_cpu = result["rows"][1]["cpu_s_mean"]
+    assert 0 < alone_cpu <= alone * 1.05 and result["rows"][1]["queue_s_mean"] >= 0
+    assert result["cpu_in_run_over_alone"] == pytest.approx(0.3 / alone_cpu)
+    assert result["queue_s_in_run"] == pytest.approx(0.15) and result["rows"][0]["queue_s_mean"] == pytest.approx(0.15)
     assert result["setup"]["mixed_precision"] == "no" and result["rows"][2]["mode"] == "alone, mixed_precision bf16"
     assert result["bf16_over_fp32"] == pytest.approx(result["rows"][2]["step_s_mean"] / alone)
     third = len(autocast_seen) // 3
@@ -225,13 +231,15 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert result["rows"][3]["mode"] == "alone, prefix_tree off" and result["setup"]["prefix_tree"]
     assert result["tree_over_padded"] == pytest.approx(alone / result["rows"][3]["step_s_mean"])
     assert result["setup"]["distinct_token_share"] == pytest.approx(36 / 56)
-    # a run recorded in bf16 replays in bf16 first, whatever the bench's own config says
-    rows = [{**r, "mixed_precision": "bf16"} if "event" not in r else r for r in rows]
+    # a run recorded in bf16 replays in bf16 first, whatever the bench's own config says; a record from
+    # before the thread's clock was kept has no on-core figure to compare
+    rows = [{**r, "mixed_precision": "bf16", "train_cpu_s": None} if "event" not in r else r for r in rows]
     (tmp_path / "run" / "checkpoints" / "record.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     autocast_seen.clear()
     result = await bench_trainer_step(config, tmp_path, run=tmp_path / "run", steps=2)
     assert result["setup"]["mixed_precision"] == "bf16" and result["rows"][2]["mode"] == "alone, mixed_precision no"
     assert autocast_seen == [True] * third + [False] * third + [True] * third
+    assert result["cpu_in_run_over_alone"] is None and result["rows"][0]["cpu_s_mean"] is None
     with pytest.raises(ValueError, match="no step carries its batch shape"):
         await bench_trainer_step(config, tmp_path, run=tmp_path / "empty")
 

@@ -108,6 +108,8 @@ async def test_trains_publishes_and_announces_each_version(trainer, loops, redis
     # every token of these samples is from its trajectory's start version: both measures agree
     assert [r["token_staleness_mean"] for r in rows] == [r["staleness_mean"] for r in rows]
     assert all(r["mixed_precision"] == "no" for r in rows)
+    # the training thread's own clock: on a core and waiting for one, both within the step's time
+    assert all(0 < r["train_cpu_s"] and r["train_cpu_s"] + r["train_queue_s"] <= r["train_s"] * 1.05 for r in rows)
     assert trainer.checkpoints.latest().name == "step-2"
     state = json.loads((trainer.checkpoints.latest() / "trainer.json").read_text())
     assert state["version"] == 2 and len(state["trained_ids"]) == 8
@@ -383,7 +385,7 @@ async def _fast_and_slow(trainer, loops, *, streamed: bool = False) -> None:
     assert trainer.steps() == []
     if streamed:
         assert [g.tag for g in trainer.stage.building.groups] == ["fast"], "the fast share, trained already"
-        assert trainer.stage.building.compute_s > 0 and held == 2, "the fast surplus stays buffered"
+        assert trainer.stage.building.times.wall_s > 0 and held == 2, "the fast surplus stays buffered"
     else:
         assert held == 3
     await trainer.produce(of("slow", 10))
