@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -167,5 +168,11 @@ def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[Threa
     times = []
     for row in rows:
         samples = replayed(row)
-        times.append(timed(lambda: backend.train_step(collate(samples, **options)))[1])
+        times.append(timed(partial(_collated_step, backend, samples, options))[1])
     return times
+
+
+def _collated_step(backend, samples: list[ScoredTrajectory], options: dict) -> dict:
+    from rollart.training.torch_backend import collate
+
+    return backend.train_step(collate(samples, **options))
