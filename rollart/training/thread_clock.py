@@ -2,8 +2,10 @@
 
 A step's wall time on a machine it shares with the rollout is its compute, the time its thread
 waited in the run queue for a core (other processes' turns), and the time it slept (a lock, the GIL).
-Linux keeps the first two per thread in ``/proc/thread-self/schedstat`` (nanoseconds on a CPU,
-nanoseconds runnable but waiting, the number of turns): the trainer records them per step
+The thread's CPU clock gives the first; Linux keeps the second per thread in
+``/proc/thread-self/schedstat`` (its second field: nanoseconds runnable but waiting; its first, the
+time on a CPU, is only brought up to date at the scheduler's tick for a running thread, so the CPU
+clock, which is, serves for that). The trainer records both per step
 (``train_cpu_s``, ``train_queue_s``) and ``rollart bench trainer-step`` sets them beside the same step
 alone, so a step slower in the run says whether it lost its core or ran slower on it.
 """
@@ -24,7 +26,7 @@ SCHEDSTAT = Path("/proc/thread-self/schedstat")
 @dataclass(frozen=True)
 class ThreadTimes:
     """Seconds of one piece of work in one thread: wall, on a CPU, and runnable but waiting for one
-    (``cpu_s`` and ``queue_s`` are None where the kernel does not keep them)."""
+    (``queue_s`` is None where the kernel does not keep it; both are None in a sum with an unknown)."""
 
     wall_s: float
     cpu_s: float | None = None
@@ -38,22 +40,22 @@ def _plus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
 
 
-def _schedstat() -> tuple[int, int] | None:
+def _queued_ns() -> int | None:
     try:
-        on_cpu, queued, _turns = SCHEDSTAT.read_text().split()
+        _on_cpu, queued, _turns = SCHEDSTAT.read_text().split()
     except (OSError, ValueError):  # not Linux, or a kernel without schedstats
         return None
-    return int(on_cpu), int(queued)
+    return int(queued)
 
 
 def timed(fn: Callable[[], T]) -> tuple[T, ThreadTimes]:
     """``fn()`` in this thread, and its times."""
-    before, started = _schedstat(), time.perf_counter()
+    queued, cpu, started = _queued_ns(), time.thread_time(), time.perf_counter()
     result = fn()
-    wall, after = time.perf_counter() - started, _schedstat()
-    if before is None or after is None:
-        return result, ThreadTimes(wall)
-    return result, ThreadTimes(wall, (after[0] - before[0]) / 1e9, (after[1] - before[1]) / 1e9)
+    wall, cpu, queued_after = time.perf_counter() - started, time.thread_time() - cpu, _queued_ns()
+    if queued is None or queued_after is None:
+        return result, ThreadTimes(wall, cpu)
+    return result, ThreadTimes(wall, cpu, (queued_after - queued) / 1e9)
 
 
 async def in_thread(fn: Callable[[], T]) -> tuple[T, ThreadTimes]:

@@ -220,7 +220,7 @@ async def test_trainer_step_replays_a_runs_batch_shapes_alone(tmp_path, tiny_mod
     assert alone > 0 and result["in_run_over_alone"] == pytest.approx(0.5 / alone)
     # the training thread's time on a core, in the run (recorded) and alone (the same thread's clock)
     alone_cpu = result["rows"][1]["cpu_s_mean"]
-    assert 0 < alone_cpu <= alone * 1.05 and result["rows"][1]["queue_s_mean"] >= 0
+    assert 0 < alone_cpu <= alone * 1.05 + 0.002 and result["rows"][1]["queue_s_mean"] >= 0
     assert result["cpu_in_run_over_alone"] == pytest.approx(0.3 / alone_cpu)
     assert result["queue_s_in_run"] == pytest.approx(0.15) and result["rows"][0]["queue_s_mean"] == pytest.approx(0.15)
     assert result["setup"]["mixed_precision"] == "no" and result["rows"][2]["mode"] == "alone, mixed_precision bf16"

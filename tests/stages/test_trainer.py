@@ -109,7 +109,8 @@ async def test_trains_publishes_and_announces_each_version(trainer, loops, redis
     assert [r["token_staleness_mean"] for r in rows] == [r["staleness_mean"] for r in rows]
     assert all(r["mixed_precision"] == "no" for r in rows)
     # the training thread's own clock: on a core and waiting for one, both within the step's time
-    assert all(0 < r["train_cpu_s"] and r["train_cpu_s"] + r["train_queue_s"] <= r["train_s"] * 1.05 for r in rows)
+    assert all(0 < r["train_cpu_s"] and r["train_cpu_s"] + r["train_queue_s"] <= r["train_s"] * 1.05 + 0.002
+               for r in rows)
     assert trainer.checkpoints.latest().name == "step-2"
     state = json.loads((trainer.checkpoints.latest() / "trainer.json").read_text())
     assert state["version"] == 2 and len(state["trained_ids"]) == 8
