@@ -59,6 +59,9 @@ TOKEN_STALENESS = Gauge("rollart_trainer_batch_token_staleness_versions", "Polic
 BUFFER_GROUPS = Gauge("rollart_trainer_buffer_groups", "Task groups held in the sample buffer", ("job",))
 REWARD = Gauge("rollart_trainer_batch_reward_mean", "Mean reward of the last trained batch", ("job",))
 VERSION = Gauge("rollart_trainer_policy_version", "Policy version last published", ("job",))
+TRAIN_THREAD_SECONDS = Counter("rollart_trainer_train_thread_seconds", "The training thread's seconds in its "
+                               "steps: on a core (on_cpu) and runnable but waiting for one (queued; Linux)",
+                               ("job", "state"))
 PUBLISH_SECONDS = Histogram("rollart_trainer_weight_publish_seconds", "Writing one version's buckets",
                             ("job", "transport"), buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
 
@@ -294,6 +297,9 @@ class TrainerStage:
         for phase, seconds in (("wait", wait_s), ("train", train.wall_s), ("checkpoint", checkpoint_s),
                                ("publish", publish_s)):
             STEP_SECONDS.labels(*self.labels, phase).observe(seconds)
+        for state, seconds in (("on_cpu", train.cpu_s), ("queued", train.queue_s)):
+            if seconds is not None:
+                TRAIN_THREAD_SECONDS.labels(*self.labels, state).inc(seconds)
         STEPS.labels(*self.labels).inc()
         SAMPLES.labels(*self.labels).inc(len(samples))
         REWARD.labels(*self.labels).set(row["reward_mean"])
