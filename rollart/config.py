@@ -690,7 +690,8 @@ class MachineConfig(Section):
     # itself (broker, Redis, Mooncake). A stage not named runs as the runner does. The stages and the
     # stack share the runner's session, so these weigh between them (Linux's autogroup shares the CPU
     # between sessions first). The rollout stages at nice 5 and SCHED_BATCH made demo steps 0.88-0.95x
-    # as long; SCHED_IDLE starved the rollout, 1.10x (configs/demo.yaml; README, "Stage scheduling").
+    # as long; SCHED_IDLE starved the rollout, 1.10x; nice 15 halved the training thread's wait for a
+    # core against nice 5 (configs/demo.yaml; README, "Stage scheduling").
     # Not the default: it puts a busy trainer before everything else, a member scaled up mid-run
     # included. On Kubernetes each stage's CPU request plays this part.
     scheduling: dict[str, StageScheduling] = Field(default_factory=dict)

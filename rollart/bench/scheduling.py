@@ -35,6 +35,7 @@ SETTINGS: dict[str, StageScheduling] = {
     "nice": StageScheduling(nice=10),
     "batch": StageScheduling(policy="batch"),
     "nice5+batch": StageScheduling(nice=5, policy="batch"),
+    "nice15+batch": StageScheduling(nice=15, policy="batch"),  # configs/demo.yaml's rollout stages
     "nice+batch": StageScheduling(nice=10, policy="batch"),
     "idle": StageScheduling(nice=10, policy="idle"),
     "slice20": StageScheduling(slice_ms=20),  # EEVDF's time slice: 20 ms, against the kernel's default

@@ -414,7 +414,7 @@ def scheduling_cmd(config: Annotated[Path, typer.Option("--config", "-c", help="
                    out: OutOption = None, steps: Annotated[int, typer.Option(min=10, help="Training steps.")] = 110,
                    block: Annotated[int, typer.Option(min=2, help="Steps under one setting before the next.")] = 6,
                    settings: Annotated[str, typer.Option(help="Settings taking turns, the first the baseline: "
-                                                         "runner, nice, batch, nice5+batch, nice+batch, idle, slice20.")] = "runner,nice5+batch",
+                                                         "runner, nice, batch, nice5+batch, nice15+batch, nice+batch, idle, slice20.")] = "runner,nice15+batch",
                    switch: Annotated[str, typer.Option(help="What the settings apply to: rollout (every stage but the "
                                                        "trainer), stack (the run's broker, Redis, Mooncake) or "
                                                        "trainer; the rest keeps the job's plan.")] = "rollout") -> None:
