@@ -151,28 +151,19 @@ def _timing(mode: str, times: list[ThreadTimes]) -> dict[str, Any]:
 
 
 def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[ThreadTimes]:
-    """Each row's batch shape collated and trained, one step each, after one untimed step (first-step
-    allocations are not the trainer's steady cost); the times of each, as the trainer takes them."""
-    from rollart.training.torch_backend import collate
+    """Each row's batch shape through the trainer's own step (collated, then trained), one step each,
+    after one untimed step (first-step allocations are not the trainer's steady cost); the times of
+    each, as the trainer takes them."""
+    from rollart.stages.trainer import collated_step
 
     vocab = int(backend.model.config.vocab_size)
     rng = random.Random(0)
     group_size = config.feeder.group_size
-    options = {"pad_id": 0, "norm": config.trainer.advantage_norm, "per_step": config.trainer.samples == "step"}
 
-    def replayed(row: dict) -> list[ScoredTrajectory]:
-        return shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"),
-                            row.get("rewards"))
+    def replayed(row: dict) -> partial[dict]:
+        samples = shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"),
+                               row.get("rewards"))
+        return partial(collated_step, backend, samples, config, version=0, pad_id=0)
 
-    backend.train_step(collate(replayed(rows[0]), **options))
-    times = []
-    for row in rows:
-        samples = replayed(row)
-        times.append(timed(partial(_collated_step, backend, samples, options))[1])
-    return times
-
-
-def _collated_step(backend, samples: list[ScoredTrajectory], options: dict) -> dict:
-    from rollart.training.torch_backend import collate
-
-    return backend.train_step(collate(samples, **options))
+    replayed(rows[0])()
+    return [timed(replayed(row))[1] for row in rows]

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -351,18 +352,21 @@ async def train_groups(backend, groups: list[Group], config: RollartConfig, *, v
     """One optimiser step on ``groups`` (collated and trained in a worker thread, the consumer going on
     meanwhile): the samples, their staleness against ``version``, the backend's metrics and the step's
     times in that thread (wall, on a core, waiting for one)."""
+    samples = [s for g in groups for s in g.members.values()]
+    staleness = sample_staleness(samples, version)
+    metrics, times = await in_thread(partial(collated_step, backend, samples, config, version=version, pad_id=pad_id))
+    return samples, staleness, metrics, times
+
+
+def collated_step(backend, samples: list[ScoredTrajectory], config: RollartConfig, *, version: int,
+                  pad_id: int) -> dict:
+    """The trainer's step on ``samples`` in the calling thread: collated, then one optimiser step; the
+    backend's metrics (``rollart bench trainer-step`` replays a run's steps through it)."""
     from rollart.training.torch_backend import collate
 
     cfg = config.trainer
-    samples = [s for g in groups for s in g.members.values()]
-    staleness = sample_staleness(samples, version)
-
-    def step() -> dict:
-        return backend.train_step(collate(samples, pad_id=pad_id, norm=cfg.advantage_norm,
-                                          per_step=cfg.samples == "step", version=version))
-
-    metrics, times = await in_thread(step)
-    return samples, staleness, metrics, times
+    return backend.train_step(collate(samples, pad_id=pad_id, norm=cfg.advantage_norm,
+                                      per_step=cfg.samples == "step", version=version))
 
 
 def sample_staleness(samples: list[ScoredTrajectory], version: int) -> list[int]:
