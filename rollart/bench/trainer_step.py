@@ -86,17 +86,23 @@ def _measure(config: RollartConfig, run: Path, steps: int, torch_threads: int | 
     from rollart.stages.trainer import build_backend
 
     rows = recorded_steps(run, steps)
-    torch_threads = torch_threads or rows[-1].get("torch_threads")  # the run's own thread count by default
-    if torch_threads is not None:
-        config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"torch_threads": torch_threads})})
-    if rows[-1].get("mixed_precision"):  # the run's own precision first (records since it was kept)
-        config = config.model_copy(update={"trainer": config.trainer.model_copy(
-            update={"mixed_precision": rows[-1]["mixed_precision"]})})
+    config = replay_config(config, rows[-1], torch_threads)
     threads_before = torch.get_num_threads()
     try:
         return _replay(build_backend(config), config, rows)
     finally:
         torch.set_num_threads(threads_before)  # the backend set the run's count for this process
+
+
+def replay_config(config: RollartConfig, row: dict, torch_threads: int | None = None) -> RollartConfig:
+    """``config`` as the run's trainer ran ``row``: its torch threads (unless ``torch_threads``) and
+    its precision (records since each was kept)."""
+    trainer: dict[str, Any] = {}
+    if torch_threads or row.get("torch_threads"):
+        trainer["torch_threads"] = torch_threads or row["torch_threads"]
+    if row.get("mixed_precision"):
+        trainer["mixed_precision"] = row["mixed_precision"]
+    return config.model_copy(update={"trainer": config.trainer.model_copy(update=trainer)}) if trainer else config
 
 
 def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
@@ -110,23 +116,23 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
     in_run = [ThreadTimes(row["train_s"], row.get("train_cpu_s"), row.get("train_queue_s")) for row in rows]
     precision, tree = config.trainer.mixed_precision, backend.prefix_tree
     other = "bf16" if precision == "no" else "no"
-    alone = _timed_steps(backend, config, rows)
+    alone = timed_steps(backend, config, rows)
     backend.mixed_precision = autocast_dtype(other, backend.device)
-    alone_other = _timed_steps(backend, config, rows)
+    alone_other = timed_steps(backend, config, rows)
     backend.mixed_precision = autocast_dtype(precision, backend.device)
     backend.prefix_tree = not tree  # (a Megatron backend has none: both rows then run its own forward)
-    alone_flipped = _timed_steps(backend, config, rows)
-    ratio = _mean(in_run, "wall_s") / _mean(alone, "wall_s")
+    alone_flipped = timed_steps(backend, config, rows)
+    ratio = mean_of(in_run, "wall_s") / mean_of(alone, "wall_s")
     bf16, fp32 = (alone_other, alone) if other == "bf16" else (alone, alone_other)
     with_tree, padded = (alone, alone_flipped) if tree else (alone_flipped, alone)
     recorded = [r for r in rows if "distinct_tokens" in r]
-    cpu_in_run = _mean(in_run, "cpu_s")
+    cpu_in_run = mean_of(in_run, "cpu_s")
     return {"benchmark": "trainer-step", "speedup": ratio, "in_run_over_alone": ratio,
             # on a core only: > 1 is the step running slower in the run (caches, memory), not waiting
-            "cpu_in_run_over_alone": None if cpu_in_run is None else cpu_in_run / _mean(alone, "cpu_s"),
-            "queue_s_in_run": _mean(in_run, "queue_s"),
-            "bf16_over_fp32": _mean(bf16, "wall_s") / _mean(fp32, "wall_s"),
-            "tree_over_padded": _mean(with_tree, "wall_s") / _mean(padded, "wall_s"),
+            "cpu_in_run_over_alone": None if cpu_in_run is None else cpu_in_run / mean_of(alone, "cpu_s"),
+            "queue_s_in_run": mean_of(in_run, "queue_s"),
+            "bf16_over_fp32": mean_of(bf16, "wall_s") / mean_of(fp32, "wall_s"),
+            "tree_over_padded": mean_of(with_tree, "wall_s") / mean_of(padded, "wall_s"),
             "setup": {"steps": len(rows), "torch_threads": torch.get_num_threads(), "mixed_precision": precision,
                       "prefix_tree": tree, "cpu_bf16": cpu_has_bf16(),
                       "samples_per_step": statistics.mean(len(r["lengths"]) for r in rows),
@@ -134,36 +140,36 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
                       # the batches' distinct prefixes, of their tokens (steps recorded before it: none)
                       "distinct_token_share": (sum(r["distinct_tokens"] for r in recorded)
                                                / sum(sum(r["lengths"]) for r in recorded)) if recorded else None},
-            "rows": [_timing("in the run", in_run), _timing("alone", alone),
-                     _timing(f"alone, mixed_precision {other}", alone_other),
-                     _timing(f"alone, prefix_tree {'off' if tree else 'on'}", alone_flipped)]}
+            "rows": [timing_row("in the run", in_run), timing_row("alone", alone),
+                     timing_row(f"alone, mixed_precision {other}", alone_other),
+                     timing_row(f"alone, prefix_tree {'off' if tree else 'on'}", alone_flipped)]}
 
 
-def _mean(times: list[ThreadTimes], field: str) -> Any:
+def mean_of(times: list[ThreadTimes], field: str) -> Any:
     values = [getattr(t, field) for t in times]
     return None if None in values else statistics.mean(values)
 
 
-def _timing(mode: str, times: list[ThreadTimes]) -> dict[str, Any]:
-    return {"mode": mode, "step_s_mean": _mean(times, "wall_s"),
+def timing_row(mode: str, times: list[ThreadTimes]) -> dict[str, Any]:
+    return {"mode": mode, "step_s_mean": mean_of(times, "wall_s"),
             "step_s_p50": statistics.median(t.wall_s for t in times),
-            "cpu_s_mean": _mean(times, "cpu_s"), "queue_s_mean": _mean(times, "queue_s")}
+            "cpu_s_mean": mean_of(times, "cpu_s"), "queue_s_mean": mean_of(times, "queue_s")}
 
 
-def _timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[ThreadTimes]:
-    """Each row's batch shape through the trainer's own step (collated, then trained), one step each,
-    after one untimed step (first-step allocations are not the trainer's steady cost); the times of
-    each, as the trainer takes them."""
+def replayed_step(backend, config: RollartConfig, row: dict, rng: random.Random) -> partial[dict]:
+    """``row``'s batch shape (random ids in its prefix tree, its rewards) through the trainer's own
+    step, collated and trained, as a call."""
     from rollart.stages.trainer import collated_step
 
-    vocab = int(backend.model.config.vocab_size)
+    samples = shaped_batch(row["lengths"], row["generated"], config.feeder.group_size,
+                           int(backend.model.config.vocab_size), rng, row.get("shared_prefix"), row.get("rewards"))
+    return partial(collated_step, backend, samples, config, version=0, pad_id=0)
+
+
+def timed_steps(backend, config: RollartConfig, rows: list[dict]) -> list[ThreadTimes]:
+    """Each row's batch shape through the trainer's own step, one step each, after one untimed step
+    (first-step allocations are not the trainer's steady cost); the times of each, as the trainer
+    takes them."""
     rng = random.Random(0)
-    group_size = config.feeder.group_size
-
-    def replayed(row: dict) -> partial[dict]:
-        samples = shaped_batch(row["lengths"], row["generated"], group_size, vocab, rng, row.get("shared_prefix"),
-                               row.get("rewards"))
-        return partial(collated_step, backend, samples, config, version=0, pad_id=0)
-
-    replayed(rows[0])()
-    return [timed(replayed(row))[1] for row in rows]
+    replayed_step(backend, config, rows[0], rng)()
+    return [timed(replayed_step(backend, config, row, rng))[1] for row in rows]

@@ -108,19 +108,36 @@ def redundancy_cmd(config: ConfigOption = None, out: OutOption = None, redundanc
 
 
 @bench_app.command("trainer-step")
-def trainer_step_cmd(run: Annotated[Path, typer.Option(help="A finished run's --out directory (its trainer's "
-                                                           "record keeps each step's batch shape).")],
+def trainer_step_cmd(run: Annotated[Optional[Path], typer.Option(
+                         help="A finished run's --out directory (its trainer's record keeps each step's batch "
+                              "shape): its last steps replayed after it. Without: the job (-c, default "
+                              "configs/demo.yaml) is run, and its steps replayed between its steps.")] = None,
                      config: ConfigOption = None, out: OutOption = None,
-                     steps: Annotated[int, typer.Option(min=1, help="The run's last N steps.")] = 20,
+                     steps: Annotated[Optional[int], typer.Option(
+                         min=1, help="With --run: its last N steps (20). Without: the run's training steps "
+                                     "(80).")] = None,
                      torch_threads: Annotated[Optional[int], typer.Option(
-                         min=1, help="Default: the run's own.")] = None) -> None:
+                         min=1, help="With --run; default: the run's own.")] = None,
+                     first: Annotated[int, typer.Option(min=1, help="Without --run: the first step replayed.")]
+                     = 20,
+                     every: Annotated[int, typer.Option(min=1, help="Without --run: replay every N-th step.")] = 4,
+                     replays: Annotated[int, typer.Option(min=1, help="Without --run: timed replays of each.")]
+                     = 2) -> None:
     """A run's training steps timed alone on the same cores, beside their time inside the run."""
-    from rollart.bench.trainer_step import bench_trainer_step
-
+    columns = ["mode", "step_s_mean", "step_s_p50", "cpu_s_mean", "queue_s_mean"]
+    headline = "trainer step in the run over alone"
     try:
-        run_benchmark(config, out, bench_trainer_step, ["mode", "step_s_mean", "step_s_p50", "cpu_s_mean",
-                                                         "queue_s_mean"],
-                      "trainer step in the run over alone", run=run, steps=steps, torch_threads=torch_threads)
+        if run is not None:
+            from rollart.bench.trainer_step import bench_trainer_step
+
+            run_benchmark(config, out, bench_trainer_step, columns, headline, run=run, steps=steps or 20,
+                          torch_threads=torch_threads)
+        else:
+            from rollart.bench.trainer_step_interleaved import bench_trainer_step_interleaved
+
+            job = config or Path("configs/demo.yaml")
+            run_benchmark(job, out, bench_trainer_step_interleaved, columns, headline, job_yaml=job,
+                          steps=steps or 80, first=first, every=every, replays=replays)
     except ValueError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
