@@ -155,6 +155,9 @@ def summary(interleaver: Interleaver, rows: list[dict], after: list[ThreadTimes]
             "pause_s_mean": statistics.mean(end - start for start, end in interleaver.pauses),
             # > 1: the host ran the step slower after the run than between its steps
             "after_run_over_alone": mean_of(after, "wall_s") / mean_of(alone, "wall_s") if after else None,
+            "pairs": [{"step": r["step"], "in_run_s": r["train_s"], "in_run_cpu_s": r.get("train_cpu_s"),
+                       "in_run_queue_s": r.get("train_queue_s"), "alone_s": [t.wall_s for t in times]}
+                      for r, times in interleaver.pairs],
             "setup": {"steps": len(rows), "replayed_steps": len(interleaver.pairs), "first": interleaver.first,
                       "every": interleaver.every, "replays": interleaver.replays,
                       "torch_threads": interleaver.config.trainer.torch_threads,

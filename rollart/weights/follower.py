@@ -140,7 +140,9 @@ class WeightFollower:
         self.member = member
         self.labels = (self.config.job, pool)
         configured = self.config.generation.weight_staging_dir
-        self.staging = Path(configured or tempfile.mkdtemp(prefix="rollart-weights-")) / member
+        # a directory of our own unless configured: removed whole when the follower stops
+        self._own_root = None if configured else Path(tempfile.mkdtemp(prefix="rollart-weights-"))
+        self.staging = (self._own_root or Path(configured or "")) / member
         self._latest: VersionAnnouncement | None = None
         self._changed = asyncio.Condition()
         self._transport = None
@@ -183,7 +185,7 @@ class WeightFollower:
                 self._changed.notify_all()
             if self._transport is not None:
                 self._transport.close()
-            shutil.rmtree(self.staging, ignore_errors=True)
+            shutil.rmtree(self._own_root or self.staging, ignore_errors=True)
 
     async def _wait_changed(self, timeout: float) -> None:
         async with self._changed:

@@ -34,7 +34,7 @@ async def _logprob_gap(engine, backend, chat, *, min_version: int = 0) -> tuple[
     return float((trainer - engine_lp).abs().max()), list(result.versions)
 
 
-async def test_engine_loads_each_announced_version(engine, runtime, redis, tiny_model, chat):
+async def test_engine_loads_each_announced_version(engine, runtime, redis, tiny_model, chat, tmp_path):
     config = runtime.config
     backend = TorchBackend(tiny_model)
     original = {k: v.clone() for k, v in backend.state_dict().items()}
@@ -68,11 +68,12 @@ async def test_engine_loads_each_announced_version(engine, runtime, redis, tiny_
         following.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await following
+        assert not follower.staging.parent.exists(), "a stopped follower removes its own staging directory"
         # Give the session engine its original weights (and version 0) back for the other tests.
         restore, _ = publisher.publish(99, original)
         from rollart.weights import pull_version
 
-        staged = pull_version(transport, restore, 99, follower.staging.parent / "restore")
+        staged = pull_version(transport, restore, 99, tmp_path / "restore")
         await engine.load_weights(staged, 0)
         transport.close()
         await writer.release()
