@@ -59,6 +59,22 @@ async def _describe(admin: AIOKafkaAdminClient, names: list[str],
     return partitions, configs
 
 
+async def _served(config: RollartConfig, endpoints: Endpoints, topics: list[PhysicalTopic]) -> None:
+    """Return once every partition of ``topics`` (created a moment ago) answers an offset request from
+    its leader. The controller names a leader before that broker has taken the partition on, and a
+    consumer that asks for offsets in between logs each NOT_LEADER answer as an ERROR (aiokafka's
+    fetcher) before it retries; ``end_offsets`` retries quietly."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(client_id=f"{config.kafka.client_id}-admin", enable_auto_commit=False,
+                                **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap))
+    await consumer.start()
+    try:
+        await consumer.end_offsets([TopicPartition(t.name, p) for t in topics for p in range(t.partitions)])
+    finally:
+        await consumer.stop()
+
+
 def _differences(topic: PhysicalTopic, partitions: int | None, configs: dict[str, str]) -> list[str]:
     diffs = []
     if partitions is not None and partitions != topic.partitions:
@@ -108,6 +124,9 @@ async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list
                     raise RuntimeError(f"creating topic {name} failed: error {code} {message}")
                 else:
                     reports[name] = TopicReport(name, "created")
+        created = [t for t in topics if reports.get(t.name) is not None]
+        if created:
+            await wait_for(_served(config, endpoints, created), timeout_s)
         present = [t for t in topics if t.name in existing]
         if present:
             partitions, configs = await _describe(admin, [t.name for t in present])

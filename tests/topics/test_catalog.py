@@ -60,3 +60,27 @@ async def test_apply_is_idempotent_and_reports_differences(config, endpoints):
     assert tasks.action == "differs"
     assert "partitions: catalog 8, broker 3" in tasks.differences
     assert "retention.ms: catalog 604800000, broker 1000" in tasks.differences
+
+
+async def test_created_topics_serve_offsets_when_apply_returns(config, endpoints, caplog):
+    """A consumer that looks up its start right after the topics are created gets an answer from every
+    partition's leader: no NOT_LEADER answers, which aiokafka logs as ERRORs before retrying."""
+    import logging
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from rollart.endpoints import kafka_client_kwargs
+
+    topics = expand_catalog(config)
+    assert {r.action for r in await apply_topics(config, endpoints, topics)} == {"created"}
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest",
+                                **kafka_client_kwargs(config.kafka, endpoints.kafka_bootstrap))
+    caplog.set_level(logging.WARNING, logger="aiokafka")
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
+        consumer.assign(partitions)
+        assert [await consumer.position(tp) for tp in partitions] == [0] * len(partitions)
+    finally:
+        await consumer.stop()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
