@@ -13,8 +13,11 @@ import copy
 import functools
 import logging
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from rollart.config import GenerationConfig
 from rollart.engines import forkserver
@@ -59,6 +62,7 @@ class VLLMEngine:
         self.version = 0
         self._engine = None
         self._by_traj: dict[str, set[str]] = {}
+        self._ipc_dir: str | None = None
 
     async def start(self) -> "VLLMEngine":
         from rollart.bus.stopping import interruptible
@@ -77,7 +81,7 @@ class VLLMEngine:
             forkserver.start_server()  # imports the engine core's modules beside this process's imports
         # Importing vLLM and constructing the engine block the event loop for tens of seconds on a
         # CPU: a stop requested meanwhile interrupts them (the engine's own clean-up kills its core).
-        with interruptible():
+        with interruptible(), self._own_ipc_dir():
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -114,6 +118,25 @@ class VLLMEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
+
+    @contextlib.contextmanager
+    def _own_ipc_dir(self) -> Iterator[None]:
+        """vLLM's ZeroMQ sockets between this process, its engine core and its worker in a directory of
+        this engine's, removed at shutdown: vLLM names them in ``VLLM_RPC_BASE_PATH`` (default /tmp) and
+        leaves them there after a clean shutdown too (three to nine a start). A path set by the operator
+        is used as it is. vLLM's processes take the environment as they start, during the block."""
+        if os.environ.get("VLLM_RPC_BASE_PATH"):
+            yield
+            return
+        self._ipc_dir = tempfile.mkdtemp(prefix="rollart-vllm-")
+        os.environ["VLLM_RPC_BASE_PATH"] = self._ipc_dir
+        try:
+            yield
+        finally:
+            del os.environ["VLLM_RPC_BASE_PATH"]  # the next engine of this process makes its own
 
     def _sampling_params(self, request: GenerationRequest):
         """vLLM's sampling parameters for the request: a shallow copy of the ones built for its settings.

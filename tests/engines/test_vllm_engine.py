@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -78,8 +79,14 @@ async def test_auto_after_a_uni_engine_is_vllms_own_choice(engine, tiny_model):
         assert (os.environ.get(ENGINE_WAIT_ENV), os.environ.get(POLL_SLEEP_ENV),
                 os.environ.get(NOTIFY_AFTER_ENV)) == ("sleep", "300", "0")
         await _generates(auto)
+        # vLLM's sockets between this process, the engine core and its worker: in the engine's own
+        # directory, not in /tmp, and none left after shutdown (vLLM leaves them after a clean one too)
+        ipc_dir = auto._ipc_dir
+        assert ipc_dir is not None and "VLLM_RPC_BASE_PATH" not in os.environ
+        assert len([p for p in Path(ipc_dir).iterdir() if p.is_socket()]) >= 2
     finally:
         auto.shutdown()
+    assert not Path(ipc_dir).exists()
 
 
 async def test_the_engines_special_token_ids_are_resolved_once_not_per_request(engine, tiny_model):
