@@ -79,10 +79,11 @@ class Interleaver:
     every: int
     replays: int
     processes: Callable[[], list[int]] = run_processes
-    pairs: list[tuple[dict, list[ThreadTimes]]] = field(default_factory=list)
-    pauses: list[tuple[float, float]] = field(default_factory=list)
-    _backend: Any = None
-    _rng: random.Random = field(default_factory=lambda: random.Random(0))
+    # each replayed step's row beside its times alone; each pause's (start, end), epoch seconds
+    pairs: list[tuple[dict, list[ThreadTimes]]] = field(default_factory=list, init=False)
+    pauses: list[tuple[float, float]] = field(default_factory=list, init=False)
+    _backend: Any = field(default=None, init=False)
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), init=False)
 
     def due(self, row: dict) -> bool:
         return row["step"] >= self.first and (row["step"] - self.first) % self.every == 0
