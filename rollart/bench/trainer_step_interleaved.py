@@ -9,7 +9,9 @@ local stack and the stages: all children of this process) is stopped (SIGSTOP), 
 is replayed in this process (one untimed step to bring its memory back into the caches, then
 ``replays`` timed), and the run goes on (SIGCONT): each pair is the same shape, under a second apart,
 on the same host minute. The replayed steps are never paused themselves (each finished before its
-pause); the run's other steps that overlapped a pause are left out of the "every step" row.
+pause); the run's other steps that overlapped a pause are left out of the "every step" row. A failure
+or Ctrl-C during a pause continues the run before it stops it; a SIGKILL of this process leaves its
+processes stopped (their parent-death SIGTERM waits for a SIGCONT): ``kill -CONT`` them.
 """
 
 from __future__ import annotations
