@@ -10,7 +10,9 @@ throughput" goal: within 1.3x); then the same steps in the other precision and w
 the other way. Both sides time the same work in the training thread (the batch's collation and the
 step), and where the record has them (since the thirty-ninth session) the training thread's seconds on
 a core and waiting for one (:mod:`rollart.training.thread_clock`): a step slower in the run either
-waited for its core or ran slower on it.
+waited for its core or ran slower on it. The replay runs after the run, on another minute of a shared
+host; without ``--run`` the bench runs the job and replays its steps between them
+(:mod:`rollart.bench.trainer_step_interleaved`), so both sides share the minute.
 """
 
 from __future__ import annotations
