@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from rollart.config import GenerationConfig
+from rollart.config import ConfigError, GenerationConfig
 from rollart.engines import forkserver
 from rollart.messages import Float32Array, GenerationRequest, GenerationResult, Int32Array, SamplingParams
 
@@ -30,6 +30,23 @@ _UNI_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # Marks the variable as set by a rollart engine, of this process or of one it descends from (a test
 # suite's, a benchmark's parent), not by the user: an "auto" engine must not inherit it.
 _UNI_SET_BY_ROLLART = "ROLLART_UNI_ENGINE"
+
+
+def check_block_size(block_size: int | None) -> None:
+    """A ConfigError naming ``generation.block_size`` where this machine's attention cannot take it
+    (vLLM's CPU attention: multiples of 32); vLLM itself fails later, in its worker, naming neither."""
+    if block_size is None:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return  # a GPU backend is chosen from the model and the block size together; vLLM says which
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_kernel_block_sizes()
+    if not any(block_size == size if isinstance(size, int) else block_size % size.base == 0 for size in sizes):
+        raise ConfigError(f"generation.block_size: {block_size} is not a size vLLM's CPU attention takes "
+                          f"({', '.join(map(repr, sizes))})")
 
 
 def _multiprocessing_env(executor: str | None) -> None:
@@ -68,6 +85,7 @@ class VLLMEngine:
         from rollart.bus.stopping import interruptible
         from rollart.engines.vllm_plugin import ENGINE_WAIT_ENV, KEEP_GEMM_WEIGHTS_ENV, NOTIFY_AFTER_ENV, POLL_SLEEP_ENV
 
+        check_block_size(self.config.block_size)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(self.config.kv_cache_gb))))
         os.environ[ENGINE_WAIT_ENV] = self.config.engine_wait  # for vLLM's own processes
         os.environ[POLL_SLEEP_ENV] = str(self.config.engine_poll_sleep_us)

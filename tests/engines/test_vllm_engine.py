@@ -280,3 +280,13 @@ async def _reload_gives_the_trainers_logprobs(engine, tiny_model, tmp_path, relo
         engine.config = config
     backend.model.load_state_dict(original)
     assert await gap() < 2e-3
+
+
+def test_a_block_size_the_cpu_attention_cannot_take_fails_naming_the_field():
+    from rollart.config import ConfigError
+    from rollart.engines.vllm_engine import check_block_size
+
+    for fine in (None, 32, 64, 128):
+        check_block_size(fine)
+    with pytest.raises(ConfigError, match=r"generation.block_size: 16 .*MultipleOf\(32\)"):
+        check_block_size(16)
