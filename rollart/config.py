@@ -268,7 +268,8 @@ class GenerationConfig(Section):
     # Tokens per KV-cache block, the unit of vLLM's prefix cache; None: vLLM's default for the platform
     # (128 on CPU, 16 on GPUs). An agent's turn re-sends its whole context: only the blocks it fills whole
     # are found in the cache, so with 100-300-token contexts 128 left over half of every prompt to compute
-    # again (README, "How a rollout flows").
+    # again (README, "How a rollout flows"). On CPU a multiple of 32 (vLLM's CPU attention; checked as the
+    # engine starts).
     block_size: int | None = Field(default=None, ge=1, le=1024)
     # CPU: how the engine's internal queue readers wait between steps instead of spinning
     # (rollart/engines/vllm_plugin.py): on the writer's notification, a poll sleep, or vLLM's own spin
