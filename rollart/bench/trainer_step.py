@@ -115,7 +115,7 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
 
     from rollart.training.torch_backend import autocast_dtype, cpu_has_bf16
 
-    in_run = [ThreadTimes(row["train_s"], row.get("train_cpu_s"), row.get("train_queue_s")) for row in rows]
+    in_run = [recorded_times(row) for row in rows]
     precision, tree = config.trainer.mixed_precision, backend.prefix_tree
     other = "bf16" if precision == "no" else "no"
     alone = timed_steps(backend, config, rows)
@@ -145,6 +145,11 @@ def _replay(backend, config: RollartConfig, rows: list[dict]) -> dict[str, Any]:
             "rows": [timing_row("in the run", in_run), timing_row("alone", alone),
                      timing_row(f"alone, mixed_precision {other}", alone_other),
                      timing_row(f"alone, prefix_tree {'off' if tree else 'on'}", alone_flipped)]}
+
+
+def recorded_times(row: dict) -> ThreadTimes:
+    """A recorded step's times in the trainer's thread (the clocks are None in records from before them)."""
+    return ThreadTimes(row["train_s"], row.get("train_cpu_s"), row.get("train_queue_s"))
 
 
 def mean_of(times: list[ThreadTimes], field: str) -> Any:

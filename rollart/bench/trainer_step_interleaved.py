@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
-from rollart.bench.trainer_step import replay_config, replayed_step
+from rollart.bench.trainer_step import mean_of, recorded_times, replay_config, replayed_step, timed_steps, \
+    timing_row
 from rollart.config import RollartConfig
 from rollart.training.checkpoint import RecordFollower
 from rollart.training.thread_clock import ThreadTimes, timed
@@ -110,8 +111,6 @@ class Interleaver:
 
     def replay_after(self) -> list[ThreadTimes]:
         """The replayed shapes again, back to back, the run over: as ``--run`` times them."""
-        from rollart.bench.trainer_step import timed_steps
-
         return timed_steps(self._backend, self.config, [row for row, _ in self.pairs]) if self.pairs else []
 
 
@@ -138,15 +137,13 @@ def summary(interleaver: Interleaver, rows: list[dict], after: list[ThreadTimes]
     """The replayed steps in the run beside the same shapes alone, pair by pair, and the run's every
     step from the first replayed one that no pause overlapped; ``after``: the same shapes replayed
     once the run was over (``--run``'s way), whose ratio is ``after_run_over_alone``."""
-    from rollart.bench.trainer_step import mean_of, timing_row
-
     if not interleaver.pairs:
         raise ValueError(f"no step was replayed: the run recorded {len(rows)} steps with their shapes, "
                          f"the first replay was due at step {interleaver.first}")
-    in_run = [ThreadTimes(r["train_s"], r.get("train_cpu_s"), r.get("train_queue_s")) for r, _ in interleaver.pairs]
+    in_run = [recorded_times(r) for r, _ in interleaver.pairs]
     alone = [t for _, times in interleaver.pairs for t in times]
     each = [r["train_s"] / statistics.mean(t.wall_s for t in times) for r, times in interleaver.pairs]
-    unpaused = [ThreadTimes(r["train_s"], r.get("train_cpu_s"), r.get("train_queue_s")) for r in rows
+    unpaused = [recorded_times(r) for r in rows
                 if r["step"] >= interleaver.first and not _overlaps(step_span(r), interleaver.pauses)]
     ratio = mean_of(in_run, "wall_s") / mean_of(alone, "wall_s")
     cpu_in_run = mean_of(in_run, "cpu_s")

@@ -124,7 +124,7 @@ async def apply_topics(config: RollartConfig, endpoints: Endpoints, topics: list
                     raise RuntimeError(f"creating topic {name} failed: error {code} {message}")
                 else:
                     reports[name] = TopicReport(name, "created")
-        created = [t for t in topics if reports.get(t.name) is not None]
+        created = [t for t in topics if t.name in reports]  # (so far only the created ones)
         if created:
             await wait_for(_served(config, endpoints, created), timeout_s)
         present = [t for t in topics if t.name in existing]

@@ -140,9 +140,9 @@ class WeightFollower:
         self.member = member
         self.labels = (self.config.job, pool)
         configured = self.config.generation.weight_staging_dir
-        # a directory of our own unless configured: removed whole when the follower stops
-        self._own_root = None if configured else Path(tempfile.mkdtemp(prefix="rollart-weights-"))
-        self.staging = (self._own_root or Path(configured or "")) / member
+        root = Path(configured) if configured else Path(tempfile.mkdtemp(prefix="rollart-weights-"))
+        self._own_root = None if configured else root  # made here: removed whole when the follower stops
+        self.staging = root / member
         self._latest: VersionAnnouncement | None = None
         self._changed = asyncio.Condition()
         self._transport = None
