@@ -10,8 +10,9 @@ is replayed in this process (one untimed step to bring its memory back into the 
 ``replays`` timed), and the run goes on (SIGCONT): each pair is the same shape, under a second apart,
 on the same host minute. The replayed steps are never paused themselves (each finished before its
 pause); the run's other steps that overlapped a pause are left out of the "every step" row. A failure
-or Ctrl-C during a pause continues the run before it stops it; a SIGKILL of this process leaves its
-processes stopped (their parent-death SIGTERM waits for a SIGCONT): ``kill -CONT`` them.
+or Ctrl-C during a pause continues the run before it stops it, and so does a SIGKILL of this process:
+a guard process holds the read end of a pipe from this one for the pause and continues them at its
+end of file (their parent-death SIGTERM would otherwise wait for a SIGCONT that never comes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,10 +39,41 @@ from rollart.training.thread_clock import ThreadTimes, timed
 POLL_S = 0.01  # how soon after the trainer's record a pause comes (the next step often starts at once)
 
 
+# The guard: at end of file on its stdin (the pause is over, or the pausing process died), continue them.
+_GUARD = """
+import os, signal, sys
+sys.stdin.buffer.read()
+for pid in map(int, sys.argv[1:]):
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+"""
+
+
+@contextmanager
+def _guarded(pids: list[int]) -> Iterator[None]:
+    """For the block, a process that continues ``pids`` if this one dies before it does (SIGKILL
+    included: the kernel closes the pipe's write end either way)."""
+    guard = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GUARD, *map(str, pids)], stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        assert guard.stdin is not None
+        guard.stdin.close()
+        guard.wait(timeout=10)
+
+
 @contextmanager
 def paused(pids: list[int]) -> Iterator[None]:
-    """These processes stopped (SIGSTOP) for the block and continued after it, whatever it raises; one
-    that has gone meanwhile is skipped."""
+    """These processes stopped (SIGSTOP) for the block and continued after it, whatever it raises or
+    if this process is killed; one that has gone meanwhile is skipped."""
+    with _guarded(pids), _stopped(pids):
+        yield
+
+
+@contextmanager
+def _stopped(pids: list[int]) -> Iterator[None]:
     stopped = []
     try:
         for pid in pids:

@@ -80,14 +80,17 @@ def _weight_sync_overlap(config: Path | None, out: Path | None, versions: int, h
 
 @bench_app.command("traj-vs-batch")
 def traj_vs_batch_cmd(config: ConfigOption = None, out: OutOption = None,
-                      mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.05,
-                      repeats: int = 3, trajectories: int = 64, turns: int = 8,
+                      mu: Annotated[float, typer.Option(help="Mean env step latency, seconds.")] = 0.2,
+                      repeats: int = 3, trajectories: int = 128, turns: int = 16,
                       broker: BrokerOption = None) -> None:
-    """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency."""
+    """Trajectory-level rollout vs batched (lock-step) env interaction, Gaussian step latency. The
+    defaults are the paper's regime scaled down (env steps several times a turn's generation);
+    ``--trajectories 64 --turns 8 --mu 0.05`` is an engine-bound one."""
     from rollart.bench.rollout_modes import bench_traj_vs_batch
 
     run_benchmark(config, out, bench_traj_vs_batch,
-                  ["sigma_over_mu", "batch_s", "trajectory_s", "speedup", "env_only_speedup", "batch_cpu_ms_per_turn",
+                  ["sigma_over_mu", "batch_s", "trajectory_s", "speedup", "env_only_speedup", "of_env_only",
+                   "batch_cpu_ms_per_turn",
                    "trajectory_cpu_ms_per_turn", "trajectory_cpu_busy"],
                   "trajectory-level over batched at the largest sigma/mu", mu_s=mu, repeats=repeats,
                   groups=max(1, trajectories // 8), group_size=8, turns=turns)

@@ -47,6 +47,7 @@ async def test_traj_vs_batch_runs_both_schedules(endpoints, engine, chat, tiny_m
         # the ratio is the benchmark's figure, not a test's: timings on a shared machine are noise
         assert row["batch_s"] > 0 and row["trajectory_s"] > 0
         assert row["speedup"] == pytest.approx(row["batch_s"] / row["trajectory_s"], rel=0.01)
+        assert row["of_env_only"] == pytest.approx(row["speedup"] / row["env_only_speedup"])
         for mode in ("batch", "trajectory"):  # what a turn cost, and where: this process and the engine's
             cpu = row["cpu"][mode]
             assert cpu["cpu_ms_per_turn"]["stages"] > 0 and cpu["cpu_ms_per_turn"]["engine"] > 0

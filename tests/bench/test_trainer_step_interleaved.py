@@ -105,3 +105,31 @@ def test_a_paused_block_continues_the_processes_whatever_it_raises():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_killed_pausing_process_leaves_nothing_stopped(tmp_path):
+    """The bench SIGKILLed mid-pause (no finally runs): its guard continues the run's processes."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ready = tmp_path / "ready"
+    pausing = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, pathlib\n"
+        "from rollart.bench.trainer_step_interleaved import paused\n"
+        f"with paused([{sleeper.pid}]):\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(60)\n")])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert pausing.poll() is None and time.monotonic() < deadline, "the pausing process never paused"
+            time.sleep(0.05)
+        assert psutil.Process(sleeper.pid).status() == psutil.STATUS_STOPPED
+        pausing.kill()
+        pausing.wait()
+        deadline = time.monotonic() + 10
+        while psutil.Process(sleeper.pid).status() == psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "still stopped after the pausing process died"
+            time.sleep(0.05)
+    finally:
+        for process in (pausing, sleeper):
+            process.kill()
+            process.wait()
