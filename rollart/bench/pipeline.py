@@ -14,7 +14,12 @@ same engine, the same number in flight, run two ways:
   /metrics), or co-located (``env.colocate_pool``, as ``rollart consume envgen`` runs it: in this
   process, each turn a function call; the direct transport only).
 
-Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax). The per-turn overhead is the time from
+Efficiency = pipeline tokens/s over raw tokens/s (1.0 = no tax), run by run: each repeat runs the raw
+engine and the pipeline back to back (alternating which goes first) and the figure is the median of
+those pairs' ratios, so each ratio compares two runs of the same few seconds of the host (a run here
+lasts ~1.5 s, and the host's speed moves by more than the tax between minutes: the ratio of each
+mode's median run, ``efficiency_of_medians``, read 0.88-1.04 over three 3-repeat runs of one hour).
+The per-turn overhead is the time from
 the env's request to its result's arrival at the env member, minus the engine's own time for the request
 (``rollart_env_generation_overhead_seconds``); beside it the env member's own wait from that arrival to
 the trajectory resuming (``rollart_env_turn_resume_wait_seconds``: its event loop busy with the other
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -120,7 +126,7 @@ async def pipeline_under(session: BenchSession, cfg: RollartConfig, layout: str,
 
 
 async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int = 64, turns: int = 8,
-                         max_tokens: int = 8, repeats: int = 3, transports: tuple[str, ...] = TRANSPORTS,
+                         max_tokens: int = 8, repeats: int = 7, transports: tuple[str, ...] = TRANSPORTS,
                          layouts: tuple[str, ...] = LAYOUTS[:1]) -> dict[str, Any]:
     """For each env layout and turn transport (``generation.transport``) in turn, on one engine: its
     pipeline and the raw engine, interleaved (see :func:`measure_pipeline`). One pipeline's loops at a
@@ -173,12 +179,19 @@ async def measure_pipeline(session: BenchSession, work_dir: Path, transport: str
     wait50, wait99 = quantiles_between(before[RESUME_WAIT], after[RESUME_WAIT], 0.5, 0.99)
     raw, pipeline = _row(f"raw (beside {name})", runs["raw"], trajectories), \
         _row(f"pipeline, {name}", runs["pipeline"], trajectories)
+    pairs = paired_ratios(runs["raw"], runs["pipeline"])
     figure = {"pipeline": name, "transport": transport, "layout": layout,
-              "efficiency": pipeline["tokens_per_s"] / raw["tokens_per_s"], "overhead_p50_s": p50,
+              "efficiency": statistics.median(pairs), "efficiency_pairs": pairs,
+              "efficiency_of_medians": pipeline["tokens_per_s"] / raw["tokens_per_s"], "overhead_p50_s": p50,
               "overhead_p99_s": p99, "resume_wait_p50_s": wait50, "resume_wait_p99_s": wait99,
               "turns_measured": after[OVERHEAD].get(float("inf"), 0.0) - before[OVERHEAD].get(float("inf"), 0.0)}
     return figure, [raw, pipeline, {"mode": f"{name}: overhead per turn", "p50_ms": p50 * 1000, "p99_ms": p99 * 1000},
                     {"mode": f"{name}: env member's wait to resume", "p50_ms": wait50 * 1000, "p99_ms": wait99 * 1000}]
+
+
+def paired_ratios(raw: list[tuple[float, int]], pipeline: list[tuple[float, int]]) -> list[float]:
+    """Each repeat's pipeline tokens/s over its raw run's (runs as (seconds, tokens), in repeat order)."""
+    return [(p_tokens / p_s) / (r_tokens / r_s) for (r_s, r_tokens), (p_s, p_tokens) in zip(raw, pipeline, strict=True)]
 
 
 def _row(mode: str, results: list[tuple[float, int]], trajectories: int) -> dict[str, Any]:

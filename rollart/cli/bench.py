@@ -214,7 +214,7 @@ def _choice(option: str, value: str, choices: tuple[str, ...]) -> tuple[str, ...
 
 @bench_app.command("pipeline-efficiency")
 def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectories: int = 64, turns: int = 8,
-                 max_tokens: int = 8, repeats: int = 3,
+                 max_tokens: int = 8, repeats: int = 7,
                  broker: Annotated[Optional[str], typer.Option(
                      help="kafka | tansu | both: on a throw-away local stack of that broker (both: one after "
                           "the other). Default: the configured stack, else a local one.")] = None,
@@ -242,9 +242,11 @@ def pipeline_cmd(config: ConfigOption = None, out: OutOption = None, trajectorie
         return await per_broker(broker, lambda kind: bench(config, work / kind, **kwargs))
 
     result = run_benchmark(config, out, measure, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],
-                           f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s)",
-                           trajectories=trajectories, turns=turns,
+                           f"{'kafka: ' if broker == 'both' else ''}pipeline over raw engine (tokens/s, "
+                           "median of back-to-back pairs)", trajectories=trajectories, turns=turns,
                            max_tokens=max_tokens, repeats=repeats)
+    console.print("pairs: " + ", ".join(f"{r:.2f}" for r in result["efficiency_pairs"])
+                  + f"; each mode's median run over the other's: {result['efficiency_of_medians']:.2f}")
     for kind, figures in (result.get("brokers") or {}).items():
         if kind != result["broker"]:  # the first broker's figures are the ones printed above
             print_result(figures, ["mode", "tokens_per_s", "seconds", "tokens", "p50_ms", "p99_ms"],

@@ -83,6 +83,18 @@ def test_overhead_quantiles_count_only_the_turns_between_two_reads():
     assert p50 == pytest.approx(0.055) and p99 == pytest.approx(0.0991)  # over all 30 the p50 would be 32.5 ms
 
 
+def test_pipeline_efficiency_is_the_median_of_back_to_back_pairs():
+    """A slow stretch of the host slows both runs of its pair: the pairs' median sees no tax where the
+    ratio of each mode's median run sees one."""
+    from rollart.bench.pipeline import paired_ratios
+
+    raw = [(1.0, 1000), (2.0, 1000), (1.0, 1000)]  # (seconds, tokens): the second pair in a slow stretch
+    pipeline = [(1.0, 1000), (2.0, 1000), (1.25, 1000)]
+    assert paired_ratios(raw, pipeline) == pytest.approx([1.0, 1.0, 0.8])
+    with pytest.raises(ValueError):
+        paired_ratios(raw, pipeline[:2])
+
+
 async def test_pipeline_bench_runs_the_env_stage_as_its_own_process(tmp_path, endpoints, engine, chat, tiny_model):
     """The deployed layout: ``rollart consume env`` in its own process, the overhead read from its /metrics."""
     from rollart.bench.pipeline import measure_pipeline
@@ -97,6 +109,7 @@ async def test_pipeline_bench_runs_the_env_stage_as_its_own_process(tmp_path, en
     assert 0 <= figure["overhead_p50_s"] <= figure["overhead_p99_s"] < 60
     raw, pipeline, overhead, resume = rows
     assert raw["tokens"] > 0 and pipeline["tokens"] > 0 and figure["efficiency"] > 0
+    assert figure["efficiency"] == pytest.approx(figure["efficiency_pairs"][0])  # one repeat, one pair
     assert overhead["p50_ms"] == pytest.approx(figure["overhead_p50_s"] * 1000)
     assert 0 <= figure["resume_wait_p50_s"] <= figure["resume_wait_p99_s"] < 60
     assert resume["p99_ms"] == pytest.approx(figure["resume_wait_p99_s"] * 1000)
