@@ -125,8 +125,8 @@ async def pipeline_under(session: BenchSession, cfg: RollartConfig, layout: str,
             yield harness, read
 
 
-async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int = 64, turns: int = 8,
-                         max_tokens: int = 8, repeats: int = 7, transports: tuple[str, ...] = TRANSPORTS,
+async def bench_pipeline(config: RollartConfig, work_dir: Path, *, trajectories: int, turns: int, max_tokens: int,
+                         repeats: int, transports: tuple[str, ...] = TRANSPORTS,
                          layouts: tuple[str, ...] = LAYOUTS[:1]) -> dict[str, Any]:
     """For each env layout and turn transport (``generation.transport``) in turn, on one engine: its
     pipeline and the raw engine, interleaved (see :func:`measure_pipeline`). One pipeline's loops at a

@@ -162,10 +162,9 @@ async def _measure(session: BenchSession, mu_s, ratios, groups, group_size, turn
         batch_s, traj_s = statistics.median(times[("batch", i)]), statistics.median(times[("trajectory", i)])
         cpu = {mode: accounts[(mode, i)].summary() for mode in MODES}
         latency = Latency(dist="gaussian", mean_s=mu_s, sigma_s=ratio * mu_s)
-        env_only = env_only_speedup(latency, groups * group_size, turns)
+        speedup, env_only = batch_s / traj_s, env_only_speedup(latency, groups * group_size, turns)
         rows.append({"sigma_over_mu": ratio, "mu_s": mu_s, "batch_s": batch_s, "trajectory_s": traj_s,
-                     "speedup": batch_s / traj_s, "env_only_speedup": env_only,
-                     "of_env_only": batch_s / traj_s / env_only,
+                     "speedup": speedup, "env_only_speedup": env_only, "of_env_only": speedup / env_only,
                      "batch_runs_s": times[("batch", i)],
                      "trajectory_runs_s": times[("trajectory", i)],
                      **{f"{mode}_cpu_ms_per_turn": cpu[mode]["cpu_ms_per_turn"]["total"] for mode in MODES},
